@@ -1,0 +1,24 @@
+"""mtpp: split a neural-network graph across devices for maximum pipeline throughput.
+
+The import package is ``solver``; the command-line tool is ``mtpp``. Data flows one way:
+front end -> :class:`Graph` -> solver -> :class:`Plan` -> evaluator / simulator / exporter.
+"""
+
+from solver.cluster import Cluster, load_cluster
+from solver.cost import evaluate, lower_bound, validate
+from solver.errors import MtppError
+from solver.graph import Graph
+from solver.plan import Plan
+
+__version__ = "0.1.0"
+__all__ = [
+    "Cluster",
+    "Graph",
+    "MtppError",
+    "Plan",
+    "evaluate",
+    "load_cluster",
+    "lower_bound",
+    "validate",
+    "__version__",
+]

@@ -1,0 +1,409 @@
+"""The ``mtpp`` command line: inspect, evaluate and solve partitioning problems.
+
+Every command takes ``--json`` (one JSON object on stdout, nothing else there). A user mistake
+ends with one line on stderr naming what to fix and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from solver.errors import MtppError
+
+EPILOG_MAIN = """\
+examples:
+  mtpp inspect model.onnx
+  mtpp solve graph.json --devices 4 --method cpsat --time-limit 60 --out plan.json
+  mtpp evaluate graph.json plan.json --json
+
+A GRAPH is an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON.
+Run 'mtpp COMMAND --help' for the options of one command.
+"""
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32, width=100)
+
+
+def _add_graph_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("graph and cluster")
+    g.add_argument(
+        "--cluster",
+        metavar="PRESET|FILE",
+        help="cluster preset name (ipu-m2000, ipu-pod, dgx-a100) or a cluster YAML file; "
+        "default: what the graph file states, else the ipu-pod preset",
+    )
+    g.add_argument(
+        "--devices", "-k", type=int, metavar="K", help="number of devices k (overrides the cluster)"
+    )
+    g.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="ONNX only: fix a dynamic input dimension, e.g. --dim batch=8 (repeatable)",
+    )
+    g.add_argument(
+        "--work",
+        choices=["roofline", "flops", "measured"],
+        default="roofline",
+        help="ONNX only: node time model (default roofline on the cluster)",
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from solver.methods import METHODS
+
+    parser = argparse.ArgumentParser(
+        prog="mtpp",
+        description="Split a neural-network graph across devices for maximum pipeline "
+        "throughput, and prove how good the split is.",
+        epilog=EPILOG_MAIN,
+        formatter_class=_formatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a graph: nodes, edges, work, parameters, heaviest operators",
+        description="Summarise a graph file: sizes, total work and FLOPs, parameter and "
+        "activation bytes, operator types, and the heaviest operators.",
+        epilog="example:\n  mtpp inspect ../shared/benchmarks/dnn-partitioning/throughput-inputs/"
+        "LayerGraphs/bert24_inference.json --json",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
+    p.add_argument("--top", type=int, default=10, help="heaviest operators to list (default 10)")
+    _add_graph_options(p)
+    _add_json(p)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="cost of a given plan: objective and per-block table",
+        description="Evaluate a plan on a graph with the one evaluator: per-block io, work, "
+        "overflow, f(S), memory, and whether the plan is valid. The cluster is --cluster if "
+        "given, else the one recorded in the plan, else the graph's.",
+        epilog="example:\n  mtpp evaluate graph.json plan.json --json",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON written by 'mtpp solve --out'")
+    _add_graph_options(p)
+    _add_json(p)
+
+    methods = ", ".join(METHODS)
+    p = sub.add_parser(
+        "solve",
+        help="compute a plan with a chosen method (exact or heuristic)",
+        description=textwrap.dedent(
+            f"""\
+            Compute a plan that minimises the bottleneck block cost max f(S) (maximises
+            throughput). Methods: {methods}.
+            'cpsat' is exact: it proves a lower bound and reports OPTIMAL only with a proof;
+            the others are heuristics (their bound is the universal averaging bound)."""
+        ),
+        epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
+        "  mtpp solve model.onnx --devices 4 --method slicegraph --json",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
+    p.add_argument(
+        "--method", "-m", default="cpsat", choices=list(METHODS), help="solver (default cpsat)"
+    )
+    p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
+    s = p.add_argument_group("search")
+    s.add_argument(
+        "--time-limit", type=float, default=60.0, metavar="SEC", help="wall-time limit (default 60)"
+    )
+    s.add_argument("--workers", type=int, default=0, help="CP-SAT workers (default: all cores)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        metavar="REL",
+        help="stop once the relative gap is at most REL, e.g. 0.01 (default 0: prove optimality)",
+    )
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    _add_graph_options(p)
+    _add_json(p)
+    return parser
+
+
+# ---------------------------------------------------------------------- helpers
+def _load(args: argparse.Namespace):
+    from solver.io import load_graph, resolve_cluster
+
+    dims = {}
+    for item in args.dim:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise MtppError(f"--dim {item!r}: write NAME=VALUE, e.g. --dim batch=8")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise MtppError(f"--dim {item!r}: VALUE must be a whole number") from None
+    options = {}
+    if Path(args.graph).suffix.lower() == ".onnx":
+        options = {"dims": dims, "work": args.work, "cluster": args.cluster, "devices": args.devices}
+    g = load_graph(args.graph, **options)
+    cluster = resolve_cluster(g, args.cluster, args.devices)
+    return g, cluster
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.6g}"
+
+
+def _print_json(obj: dict) -> None:
+    json.dump(obj, sys.stdout, indent=1, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o))
+
+
+# ---------------------------------------------------------------------- commands
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from solver.cost import lower_bound
+
+    g, cluster = _load(args)
+    ops = Counter(g.op_types) if g.op_types is not None else Counter()
+    top = np.argsort(-g.work, kind="stable")[: max(0, args.top)]
+    info = {
+        "graph": g.name,
+        "format": g.hints.get("format", "onnx" if g.op_types is not None else "mtpp-graph"),
+        "nodes": g.n,
+        "edges": int(len(g.data_edges[0])),
+        "order_edges": g.m,
+        "tensors": g.num_tensors,
+        "params": g.num_params,
+        "param_bytes": g.param_bytes_total,
+        "activation_bytes": float(g.sizeout.sum()),
+        "work": float(g.work.sum()),
+        "flops": None if g.flops is None else float(g.flops.sum()),
+        "colocation_groups": len(g.groups),
+        "op_types": dict(ops.most_common()),
+        "cluster": cluster.to_dict(),
+        "lower_bound": lower_bound(g, cluster),
+        "heaviest": [
+            {
+                "name": g.names[v],
+                "op_type": g.op_types[v] if g.op_types is not None else None,
+                "work": float(g.work[v]),
+                "flops": None if g.flops is None else float(g.flops[v]),
+                "sizeout": float(g.sizeout[v]),
+            }
+            for v in top
+        ],
+    }
+    for key, val in g.hints.items():
+        if key not in ("cluster", "format"):
+            info.setdefault(key, val)
+    if args.json:
+        _print_json(info)
+        return 0
+    from rich.table import Table
+
+    from solver.units import format_bytes, format_time
+
+    con = _console()
+    t = Table(title=f"graph {g.name}", show_header=False)
+    t.add_row("nodes / edges", f"{g.n} / {info['edges']} ({g.m} ordering)")
+    t.add_row("parameters", f"{g.num_params} entities, {format_bytes(g.param_bytes_total)}")
+    t.add_row("activations (sum of outputs)", format_bytes(info["activation_bytes"]))
+    t.add_row("total work", format_time(info["work"]))
+    if g.flops is not None:
+        t.add_row("total FLOPs", f"{info['flops']:.4g}")
+    t.add_row("co-location groups", str(len(g.groups)))
+    t.add_row("cluster", cluster.summary())
+    t.add_row(f"lower bound on max f (k={cluster.devices})", format_time(info["lower_bound"]))
+    con.print(t)
+    if ops:
+        o = Table(title="operator types")
+        o.add_column("op")
+        o.add_column("count", justify="right")
+        for name, c in ops.most_common(15):
+            o.add_row(name, str(c))
+        con.print(o)
+    h = Table(title=f"heaviest {len(top)} operators")
+    for col in ("node", "op", "work", "FLOPs", "output"):
+        h.add_column(col, justify="left" if col in ("node", "op") else "right")
+    for row in info["heaviest"]:
+        h.add_row(
+            row["name"],
+            row["op_type"] or "-",
+            format_time(row["work"]),
+            _fmt(row["flops"]),
+            format_bytes(row["sizeout"]),
+        )
+    con.print(h)
+    return 0
+
+
+def _print_plan(plan, violations=(), title: str = "plan") -> None:
+    from rich.table import Table
+
+    con = _console()
+    con.print(f"[bold]{title}[/bold]: graph {plan.graph_name}, method {plan.method}")
+    con.print(f"cluster {plan.cluster.summary()}")
+    lb = plan.lower_bound
+    gap = plan.gap
+    con.print(
+        f"status [bold]{plan.status}[/bold]  objective (max f) {_fmt(plan.objective)}  "
+        f"lower bound {_fmt(lb)}  gap {'-' if gap is None else f'{100 * gap:.4g}%'}  "
+        f"throughput {_fmt(plan.evaluation.throughput)}/s  latency {_fmt(plan.evaluation.latency)}"
+        f"  time {plan.wall_seconds:.2f}s"
+    )
+    t = Table()
+    for col in ("block", "nodes", "work", "io in", "io out", "overflow", "f(S)", "params", "peak"):
+        t.add_column(col, justify="right")
+    from solver.units import format_bytes
+
+    for row in plan.evaluation.blocks():
+        mark = " *" if row["block"] == plan.evaluation.bottleneck else ""
+        t.add_row(
+            f"{row['block']}{mark}",
+            str(row["nodes"]),
+            _fmt(row["work"]),
+            _fmt(row["io_in"]),
+            _fmt(row["io_out"]),
+            _fmt(row["overflow"]),
+            _fmt(row["f"]),
+            format_bytes(row["param_bytes"]),
+            format_bytes(row["peak_bytes"]),
+        )
+    con.print(t)
+    con.print("(* = bottleneck block)")
+    for v in violations:
+        con.print(f"[red]invalid:[/red] {v}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from solver.cluster import cluster_from_dict
+    from solver.cost import validate
+    from solver.plan import FEASIBLE, make_plan, read_plan_assignment
+
+    g, cluster = _load(args)
+    a, data = read_plan_assignment(g, args.plan)
+    if args.cluster is None and isinstance(data.get("cluster"), dict):
+        cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
+        cluster = cluster.with_devices(args.devices)
+    k = max(cluster.devices, int(a.max()) + 1)
+    if k != cluster.devices:
+        raise MtppError(
+            f"{args.plan}: the plan uses block {int(a.max())} but the cluster has "
+            f"{cluster.devices} devices; pass --devices {k}"
+        )
+    violations = validate(g, cluster, a)
+    plan = make_plan(
+        g, cluster, a, data.get("method", "given"), status=FEASIBLE, check=False,
+        lower_bound=data.get("lower_bound"),
+    )
+    if violations:
+        plan.status = "INVALID"
+    if args.json:
+        out = plan.to_dict()
+        out["valid"] = not violations
+        out["violations"] = [{"kind": v.kind, "message": v.message} for v in violations]
+        del out["assignment"]
+        _print_json(out)
+    else:
+        _print_plan(plan, violations, title="evaluation")
+    return 0 if not violations else 1
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    from solver.methods import SolveOptions, solve
+    from solver.plan import save_plan
+
+    if args.time_limit <= 0:
+        raise MtppError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.gap < 0:
+        raise MtppError(f"--gap must be >= 0, got {args.gap}")
+    if args.workers < 0:
+        raise MtppError(f"--workers must be >= 0, got {args.workers}")
+    g, cluster = _load(args)
+    opts = SolveOptions(
+        time_limit=args.time_limit,
+        workers=args.workers,
+        seed=args.seed,
+        gap=args.gap,
+        progress=not args.quiet and not args.json,
+    )
+    plan = solve(g, cluster, args.method, opts)
+    if plan is None:
+        raise MtppError(f"no valid plan exists for {g.name!r} on this cluster")
+    if args.out:
+        save_plan(plan, args.out)
+    if args.json:
+        out = plan.to_dict()
+        if args.out:
+            out["plan_file"] = str(args.out)
+            del out["assignment"]
+        _print_json(out)
+    else:
+        _print_plan(plan)
+        if args.out:
+            _console().print(f"plan written to {args.out}")
+    return 0
+
+
+COMMANDS = {"inspect": cmd_inspect, "evaluate": cmd_evaluate, "solve": cmd_solve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from solver import __version__
+
+        print(f"mtpp {__version__}")
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except MtppError as e:
+        print(f"mtpp: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mtpp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

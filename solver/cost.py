@@ -1,0 +1,230 @@
+"""The one evaluator of block costs f(S), plan validation, and a universal lower bound.
+
+Every number a solver reports is recomputed here (DESIGN.md, "The problem"):
+
+    io_in(S)    = (1/B) * bytes of tensors produced outside S with a consumer in S (each once)
+    io_out(S)   = (1/B) * bytes of tensors produced in S with a consumer outside S (each once)
+    peak(S)     = max over nodes v in S of act(v)     (largest single-op working set)
+    overflow(S) = max(0, params(S) + peak(S) - M) / B_mem
+    f(S)        = io_in(S) + work(S) + overflow(S) + io_out(S);  objective = max_S f(S)
+
+Everything is vectorised over nodes, tensors and parameters (one ``np.unique`` per term), so a
+100,000-node plan evaluates in well under a second (``benchmarks/bench_evaluate.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.errors import MtppError
+from solver.graph import Graph
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per-block costs of one plan (arrays of length k, seconds or bytes) and the objective."""
+
+    k: int
+    io_in: np.ndarray
+    work: np.ndarray
+    overflow: np.ndarray
+    io_out: np.ndarray
+    f: np.ndarray
+    peak: np.ndarray
+    params: np.ndarray
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    nodes: np.ndarray
+
+    @property
+    def objective(self) -> float:
+        """The bottleneck max f(S): the pipeline period (seconds per request)."""
+        return float(self.f.max())
+
+    @property
+    def throughput(self) -> float:
+        """Requests per second in steady state: 1 / objective."""
+        obj = self.objective
+        return math.inf if obj == 0 else 1.0 / obj
+
+    @property
+    def latency(self) -> float:
+        """One request through the whole pipeline: the sum of the block costs."""
+        return float(self.f.sum())
+
+    @property
+    def bottleneck(self) -> int:
+        return int(np.argmax(self.f))
+
+    def blocks(self) -> list[dict]:
+        """Per-block rows for tables and JSON."""
+        return [
+            {
+                "block": b,
+                "nodes": int(self.nodes[b]),
+                "work": float(self.work[b]),
+                "io_in": float(self.io_in[b]),
+                "io_out": float(self.io_out[b]),
+                "overflow": float(self.overflow[b]),
+                "f": float(self.f[b]),
+                "param_bytes": float(self.params[b]),
+                "peak_bytes": float(self.peak[b]),
+                "bytes_in": float(self.bytes_in[b]),
+                "bytes_out": float(self.bytes_out[b]),
+            }
+            for b in range(self.k)
+        ]
+
+
+def check_assignment(g: Graph, assignment: np.ndarray, k: int) -> np.ndarray:
+    """Coerce ``assignment`` to an int array of length n with values in 0..k-1, or raise."""
+    a = np.asarray(assignment)
+    if a.shape != (g.n,):
+        raise MtppError(f"the plan assigns {a.size} nodes but graph {g.name!r} has {g.n}")
+    if not np.issubdtype(a.dtype, np.integer):
+        if not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
+            raise MtppError("block numbers in a plan must be whole numbers")
+        a = a.astype(np.int64)
+    bad = (a < 0) | (a >= k)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise MtppError(
+            f"node {g.names[i]!r} is assigned to block {int(a[i])}, but blocks are 0..{k - 1}"
+        )
+    return a.astype(np.int64, copy=False)
+
+
+def evaluate(g: Graph, cluster: Cluster, assignment: np.ndarray, k: int | None = None) -> Evaluation:
+    """Block costs of a plan (``assignment[v]`` = block of node v, blocks 0..k-1).
+
+    Does not check precedence or capacity; see :func:`validate`.
+
+    >>> from solver.graph import Graph
+    >>> from solver.cluster import Cluster
+    >>> g = Graph.build(["a", "b"], [1.0, 2.0], [4.0, 0.0], [(0, 1)])
+    >>> ev = evaluate(g, Cluster("c", 2, link_bandwidth=2.0), [0, 1])
+    >>> ev.f.tolist()   # a sends 4 bytes at 2 B/s; b receives them
+    [3.0, 4.0]
+    """
+    k = cluster.devices if k is None else k
+    a = check_assignment(g, assignment, k)
+    B = cluster.link_bandwidth
+
+    work = np.bincount(a, weights=g.work, minlength=k)
+    nodes = np.bincount(a, minlength=k)
+
+    # io: (tensor, consumer block) pairs that cross from the producer's block
+    pt = g.pair_tensor
+    prod_block = a[g.t_producer]
+    cb = a[g.t_cons]
+    cross = cb != prod_block[pt]
+    bytes_in = np.zeros(k)
+    bytes_out = np.zeros(k)
+    if cross.any():
+        keys = np.unique(pt[cross] * k + cb[cross])
+        t_in, b_in = keys // k, keys % k
+        bytes_in = np.bincount(b_in, weights=g.t_size[t_in], minlength=k)
+        sent = np.unique(pt[cross])
+        bytes_out = np.bincount(prod_block[sent], weights=g.t_size[sent], minlength=k)
+
+    # parameters: stored once per block that uses them
+    params = np.zeros(k)
+    if g.num_params:
+        keys = np.unique(g.pair_param * k + a[g.p_users])
+        params = np.bincount(keys % k, weights=g.p_size[keys // k], minlength=k)
+
+    peak = np.zeros(k)
+    np.maximum.at(peak, a, g.act)
+    over = _overflow(params, peak, cluster)
+    io_in = bytes_in / B
+    io_out = bytes_out / B
+    f = io_in + work + over + io_out
+    return Evaluation(k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes)
+
+
+def _overflow(params: np.ndarray, peak: np.ndarray, cluster: Cluster) -> np.ndarray:
+    if math.isinf(cluster.fast_memory):
+        return np.zeros_like(params)
+    return np.maximum(0.0, params + peak - cluster.fast_memory) / cluster.slow_memory_bandwidth
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One reason a plan is invalid, naming the nodes and blocks involved."""
+
+    kind: str  # "order", "colocation", "capacity"
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def validate(
+    g: Graph,
+    cluster: Cluster,
+    assignment: np.ndarray,
+    k: int | None = None,
+    limit: int = 20,
+) -> list[Violation]:
+    """Every reason (up to ``limit`` per kind) why a plan is invalid; empty when valid.
+
+    Checks: each order edge goes to the same or a later block (acyclic quotient), co-location
+    groups share a block, and params + peak <= capacity C when the cluster has one.
+    """
+    k = cluster.devices if k is None else k
+    a = check_assignment(g, assignment, k)
+    out: list[Violation] = []
+    back = np.flatnonzero(a[g.e_src] > a[g.e_dst])
+    for j in back[:limit]:
+        u, v = int(g.e_src[j]), int(g.e_dst[j])
+        out.append(
+            Violation(
+                "order",
+                f"edge {g.names[u]!r} -> {g.names[v]!r} goes from block {a[u]} back to block "
+                f"{a[v]} (blocks must form an acyclic pipeline)",
+            )
+        )
+    if len(back) > limit:
+        out.append(Violation("order", f"... and {len(back) - limit} more backward edges"))
+    bad_groups = [m for m in g.groups if len(np.unique(a[m])) > 1]
+    for m in bad_groups[:limit]:
+        where = ", ".join(f"{g.names[v]!r}: block {a[v]}" for v in m[:4])
+        more = ", ..." if len(m) > 4 else ""
+        out.append(Violation("colocation", f"co-location group split across blocks ({where}{more})"))
+    if cluster.capacity is not None:
+        ev = evaluate(g, cluster, a, k)
+        used = ev.params + ev.peak
+        for b in np.flatnonzero(used > cluster.capacity * (1 + 1e-12)):
+            out.append(
+                Violation(
+                    "capacity",
+                    f"block {b} needs {used[b]:.6g} bytes (params {ev.params[b]:.6g} + peak "
+                    f"{ev.peak[b]:.6g}) but the device capacity is {cluster.capacity:.6g} bytes",
+                )
+            )
+    return out
+
+
+def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
+    """A bound no plan with k blocks can beat, from averages and single nodes.
+
+    Sum over blocks of f >= total work + max(0, all params + largest act - k*M) / B_mem (overflow
+    is convex and every parameter is stored at least once), so max f >= that sum / k. And the
+    block holding node v costs at least work(v) + its own overflow.
+    """
+    k = cluster.devices if k is None else k
+    Bm = cluster.slow_memory_bandwidth
+    M = cluster.fast_memory
+    total = float(g.work.sum())
+    node_lb = g.work.copy()
+    if not math.isinf(M):
+        total += max(0.0, g.param_bytes_total + float(g.act.max()) - k * M) / Bm
+        own = np.zeros(g.n)
+        if g.num_params:
+            np.add.at(own, g.p_users, g.p_size[g.pair_param])
+        node_lb += np.maximum(0.0, own + g.act - M) / Bm
+    return max(total / k, float(node_lb.max()))

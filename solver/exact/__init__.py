@@ -1,0 +1,1 @@
+"""Exact solvers: brute force (the test oracle) and the CP-SAT model."""

@@ -1,0 +1,93 @@
+"""Brute force over every plan of a tiny graph: the oracle the tests trust.
+
+It is written independently of :mod:`solver.cost` (batched over all assignments with plain
+boolean masks) so that it also cross-checks the evaluator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.errors import MtppError
+from solver.graph import Graph
+from solver.plan import INFEASIBLE, OPTIMAL, Plan, make_plan
+
+MAX_PLANS = 3_000_000
+
+
+def all_assignments(g: Graph, k: int) -> np.ndarray:
+    """Every assignment (rows) that respects order edges and co-location groups."""
+    if k**g.n > MAX_PLANS:
+        raise MtppError(
+            f"brute force would enumerate {k}^{g.n} plans; it is meant for about 10 nodes "
+            "and k <= 3 (use --method cpsat)"
+        )
+    A = np.array(list(itertools.product(range(k), repeat=g.n)), dtype=np.int64).reshape(-1, g.n)
+    ok = np.all(A[:, g.e_src] <= A[:, g.e_dst], axis=1)
+    for m in g.groups:
+        ok &= np.all(A[:, m] == A[:, m[:1]], axis=1)
+    return A[ok]
+
+
+def batch_costs(g: Graph, cluster: Cluster, A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block costs f (rows x k) and memory use params + peak (rows x k) for many plans."""
+    rows = len(A)
+    f = np.zeros((rows, k))
+    mem = np.zeros((rows, k))
+    B, Bm, M = cluster.link_bandwidth, cluster.slow_memory_bandwidth, cluster.fast_memory
+    for b in range(k):
+        inb = A == b
+        f[:, b] += inb @ g.work
+        params = np.zeros(rows)
+        for p in range(g.num_params):
+            users = g.p_users[g.p_ptr[p] : g.p_ptr[p + 1]]
+            params += g.p_size[p] * inb[:, users].any(axis=1)
+        peak = (inb * g.act).max(axis=1)
+        mem[:, b] = params + peak
+        if not math.isinf(M):
+            f[:, b] += np.maximum(0.0, params + peak - M) / Bm
+    for t in range(g.num_tensors):
+        cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]
+        if len(cons) == 0:
+            continue
+        p = g.t_producer[t]
+        pb = A[:, p]
+        sends = (A[:, cons] != pb[:, None]).any(axis=1)
+        for b in range(k):
+            recv = (A[:, cons] == b).any(axis=1) & (pb != b)
+            f[:, b] += g.t_size[t] / B * (recv.astype(float) + (sends & (pb == b)))
+    return f, mem
+
+
+def brute_force(g: Graph, cluster: Cluster) -> Plan | None:
+    """The true optimum over all valid plans, or None when no plan is valid."""
+    t0 = time.perf_counter()
+    k = cluster.devices
+    A = all_assignments(g, k)
+    if len(A):
+        f, mem = batch_costs(g, cluster, A, k)
+        if cluster.capacity is not None:
+            fits = np.all(mem <= cluster.capacity * (1 + 1e-12), axis=1)
+            A, f = A[fits], f[fits]
+    if len(A) == 0:
+        return None
+    obj = f.max(axis=1)
+    best = int(np.argmin(obj))
+    return make_plan(
+        g,
+        cluster,
+        A[best],
+        "brute",
+        lower_bound=float(obj[best]),
+        status=OPTIMAL,
+        wall_seconds=time.perf_counter() - t0,
+        stats={"plans_enumerated": int(len(A))},
+    )
+
+
+__all__ = ["INFEASIBLE", "all_assignments", "batch_costs", "brute_force"]

@@ -1,0 +1,447 @@
+"""The exact solver: the Max-Throughput Partitioning Problem as an OR-Tools CP-SAT model.
+
+Build the model, solve, read the solution, in that order (as the CP-SAT samples do).
+
+Model (on the coarse graph where co-location groups and the cycles they create are merged):
+
+- block of node v in order encoding: ``le[v,b] = [block(v) <= b]`` (monotone in b), and
+  ``x[v,b] = le[v,b] - le[v,b-1]``; an order edge (u, v) is ``le[v,b] => le[u,b]``.
+- io, linearised: ``o[t,b] >= x[p,b] - x[c,b]`` (tensor t sent by block b) and
+  ``i[t,b] >= x[c,b] - x[p,b]`` (received by b), per consumer c; when c must come after p the
+  stronger order forms ``o >= x[p,b] - le[c,b]`` and ``i >= x[c,b] + le[p,b-1] - 1`` are used.
+- memory: ``use[q,b] >= x[u,b]`` per parameter q and user u; ``peak[b] >= act(v) x[v,b]``;
+  capacity ``sum_q bytes(q) use[q,b] + peak[b] <= C``; overflow
+  ``ov[b] >= (sum_q bytes(q) use[q,b] + peak[b] - M) / B_mem`` (and ``ov[b] >= 0``).
+- ``T >= f(b)`` for every block; minimise T. Redundant cuts: the work of blocks 0..b is at most
+  (b+1) T and of blocks b..k-1 at most (k-b) T; empty blocks come last (symmetry breaking).
+- A heuristic plan is the hint and ``T <= its cost`` an upper bound; node domains are then
+  narrowed by the work of ancestors and descendants (valid for every plan at most that cost).
+
+Integers: every time is multiplied by a scale S (about 1e12 / total cost) and rounded DOWN, so
+for every plan the integer block cost is at most S times the real one. CP-SAT's proven bound
+divided by S is therefore a valid lower bound of the real problem, with no correction; the gap
+it leaves is at most (terms per block) / S, far below the 1e-6 optimality tolerance. Plans cut
+off by ``T <= UB`` have an integer cost above UB >= the bound, so the bound stays valid for them.
+The reported objective is always re-evaluated in floating point by :mod:`solver.cost`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from solver.cluster import Cluster
+from solver.cost import lower_bound
+from solver.errors import MtppError
+from solver.graph import Graph, coarse_view
+from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
+
+TARGET_RANGE = 1e12  # total cost scaled to about this many integer units
+
+
+@dataclass
+class CpsatOptions:
+    time_limit: float = 60.0
+    workers: int = 0
+    seed: int = 0
+    gap: float = 0.0
+    log: bool = False
+    on_progress: object = None  # callable(objective, bound, elapsed) in real units
+    params: dict = field(default_factory=dict)  # extra CP-SAT parameters
+
+
+class _Model:
+    """The CP-SAT model of one coarse graph, with its variables kept for hints and reading."""
+
+    def __init__(self, g: Graph, cluster: Cluster, upper: np.ndarray | None):
+        self.g, self.cluster = g, cluster
+        k = self.k = cluster.devices
+        n = g.n
+        B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
+        cap = cluster.capacity
+
+        # ---- which memory terms can matter at all
+        mem_total = g.param_bytes_total + float(g.act.max())
+        self.use_cap = cap is not None and mem_total > cap
+        self.use_over = math.isfinite(M) and mem_total > M
+        self.use_mem = self.use_cap or self.use_over
+
+        # ---- integer scaling (round down: integer costs never exceed S * real costs)
+        io = g.t_size / B
+        total = float(g.work.sum() + 2 * io.sum())
+        if self.use_over:
+            total += (mem_total - min(M, mem_total)) / Bm * k
+        self.S = S = TARGET_RANGE / max(total, 1e-300)
+        self.w_int = np.floor(g.work * S).astype(np.int64)
+        self.io_int = np.floor(io * S).astype(np.int64)
+
+        m = self.m = cp_model.CpModel()
+        # ---- upper bound from the hint, and node domains it implies
+        ub_int = None
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.full(n, k - 1, dtype=np.int64)
+        if upper is not None:
+            ub_int = int(self.block_costs_int(upper).max())
+            if ub_int > 0:
+                anc, desc = _closure_work(g, self.w_int)
+                lo = np.maximum(0, -(-(anc + self.w_int) // ub_int) - 1)
+                hi = np.minimum(k - 1, k - (-(-(desc + self.w_int) // ub_int)))
+        # an order edge (u, v) needs block(u) <= block(v): propagate the bounds along edges
+        for v in g.topo_order.tolist():
+            ptr, idx = g.pred
+            for u in idx[ptr[v] : ptr[v + 1]].tolist():
+                lo[v] = max(lo[v], lo[u])
+        for u in g.topo_order[::-1].tolist():
+            ptr, idx = g.succ
+            for v in idx[ptr[u] : ptr[u + 1]].tolist():
+                hi[u] = min(hi[u], hi[v])
+        if np.any(lo > hi):  # cannot happen with a valid hint; keep the model sound anyway
+            lo = np.minimum(lo, hi)
+        self.lo, self.hi = lo, hi
+
+        # ---- block variables in order encoding
+        TRUE = m.NewConstant(1)
+        FALSE = m.NewConstant(0)
+        self.le = le = [[None] * k for _ in range(n)]
+        self.x = x = [[None] * k for _ in range(n)]
+        for v in range(n):
+            for b in range(k):
+                if b < lo[v]:
+                    le[v][b] = FALSE
+                elif b >= hi[v]:
+                    le[v][b] = TRUE
+                else:
+                    le[v][b] = m.NewBoolVar(f"le_{v}_{b}")
+            for b in range(1, k):
+                if lo[v] < b <= hi[v] and b - 1 >= lo[v]:
+                    m.AddImplication(le[v][b - 1], le[v][b])
+            for b in range(k):
+                if b < lo[v] or b > hi[v]:
+                    x[v][b] = FALSE
+                elif lo[v] == hi[v]:
+                    x[v][b] = TRUE
+                else:
+                    xv = m.NewBoolVar(f"x_{v}_{b}")
+                    prev = le[v][b - 1] if b >= 1 else FALSE
+                    m.Add(xv == le[v][b] - prev)
+                    x[v][b] = xv
+        self.TRUE, self.FALSE = TRUE, FALSE
+
+        # ---- order edges: block(u) <= block(v)
+        # (lo[u] <= lo[v] and hi[u] <= hi[v] after propagation: outside [lo[v], hi[u]) the
+        # implication holds by the constants)
+        for u, v in zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True):
+            for b in range(lo[v], hi[u]):
+                m.AddImplication(le[v][b], le[u][b])
+
+        ordered = set(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
+        # ---- io terms per block
+        self.terms = [[] for _ in range(k)]  # (coef, var) per block
+        for v in range(n):
+            for b in range(lo[v], hi[v] + 1):
+                if self.w_int[v]:
+                    self.terms[b].append((int(self.w_int[v]), x[v][b]))
+        self.send: dict[tuple[int, int], object] = {}
+        self.recv: dict[tuple[int, int], object] = {}
+        for t in range(g.num_tensors):
+            c_io = int(self.io_int[t])
+            if c_io == 0:
+                continue
+            p = int(g.t_producer[t])
+            cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist()
+            if not cons:
+                continue
+            for b in range(lo[p], hi[p] + 1):
+                ob = m.NewBoolVar(f"o_{t}_{b}")
+                for c in cons:
+                    if (p, c) in ordered:
+                        m.Add(ob >= x[p][b] - le[c][b])
+                    else:
+                        m.Add(ob >= x[p][b] - x[c][b])
+                self.send[t, b] = ob
+                self.terms[b].append((c_io, ob))
+            blocks = sorted({b for c in cons for b in range(lo[c], hi[c] + 1)})
+            for b in blocks:
+                ib = m.NewBoolVar(f"i_{t}_{b}")
+                for c in cons:
+                    if not lo[c] <= b <= hi[c]:
+                        continue
+                    if (p, c) in ordered:
+                        if b >= 1:
+                            m.Add(ib >= x[c][b] + le[p][b - 1] - 1)
+                    else:
+                        m.Add(ib >= x[c][b] - x[p][b])
+                self.recv[t, b] = ib
+                self.terms[b].append((c_io, ib))
+
+        # ---- memory: parameters, peak, capacity, overflow
+        self.use: dict[tuple[int, int], object] = {}
+        self.peak_b: list = [None] * k
+        self.peak_t: list = [None] * k
+        self.ov: list = [None] * k
+        if self.use_mem:
+            p_bytes = np.floor(g.p_size).astype(np.int64)
+            act_b = np.floor(g.act).astype(np.int64)
+            for q in range(g.num_params):
+                users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
+                for b in sorted({b for u in users for b in range(lo[u], hi[u] + 1)}):
+                    uq = m.NewBoolVar(f"use_{q}_{b}")
+                    for u in users:
+                        if lo[u] <= b <= hi[u]:
+                            m.AddImplication(x[u][b], uq)
+                    self.use[q, b] = uq
+            for b in range(k):
+                members = [v for v in range(n) if lo[v] <= b <= hi[v]]
+                pk = m.NewIntVar(0, int(act_b.max()), f"peak_{b}")
+                for v in members:
+                    if act_b[v] > 0:
+                        m.Add(pk >= int(act_b[v]) * x[v][b])
+                self.peak_b[b] = pk
+                pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
+                if self.use_cap:
+                    m.Add(sum(c * v for c, v in pterms) + pk <= int(math.floor(cap)))
+                if self.use_over:
+                    f = S / Bm
+                    act_t = np.floor(g.act * f).astype(np.int64)
+                    pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
+                    for v in members:
+                        if act_t[v] > 0:
+                            m.Add(pt >= int(act_t[v]) * x[v][b])
+                    self.peak_t[b] = pt
+                    coef = np.floor(g.p_size * f).astype(np.int64)
+                    hi_ov = int(coef.sum() + act_t.max())
+                    ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
+                    over_terms = [(int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b]
+                    m.Add(ov >= sum(c * v for c, v in over_terms) + pt - int(math.ceil(M * f)))
+                    self.ov[b] = ov
+                    self.terms[b].append((1, ov))
+
+        # ---- objective
+        max_f = sum(c for c, _ in (t for blk in self.terms for t in blk))
+        self.T = T = m.NewIntVar(0, max(1, max_f), "T")
+        for b in range(k):
+            m.Add(sum(c * v for c, v in self.terms[b]) <= T)
+        # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
+        lb_int = int(math.floor(lower_bound(g, cluster) * S * (1 - 1e-12)))
+        if lb_int > 0:
+            m.Add(T >= lb_int)
+        if ub_int is not None:
+            m.Add(T <= ub_int)
+        # redundant cuts: prefix and suffix work
+        for b in range(k - 1):
+            pre = [(int(self.w_int[v]), le[v][b]) for v in range(n) if self.w_int[v]]
+            m.Add(sum(c * v for c, v in pre) <= (b + 1) * T)
+            m.Add(sum(c * (1 - v) for c, v in pre) <= (k - 1 - b) * T)
+        # symmetry: empty blocks at the end
+        self.used = []
+        for b in range(k):
+            ub = m.NewBoolVar(f"used_{b}")
+            members = [x[v][b] for v in range(n) if lo[v] <= b <= hi[v]]
+            if members:
+                m.AddMaxEquality(ub, members)
+            else:
+                m.Add(ub == 0)
+            self.used.append(ub)
+        for b in range(k - 1):
+            m.AddImplication(self.used[b + 1], self.used[b])
+        m.Minimize(T)
+
+    # ------------------------------------------------------------------ helpers
+    def block_costs_int(self, a: np.ndarray) -> np.ndarray:
+        """Integer block costs of a plan on this coarse graph (for the upper bound)."""
+        g, k = self.g, self.k
+        a = np.asarray(a)
+        w = np.bincount(a, weights=self.w_int, minlength=k).astype(np.int64)
+        io_bytes_in = np.zeros(k, dtype=np.int64)
+        io_bytes_out = np.zeros(k, dtype=np.int64)
+        pt = g.pair_tensor
+        cross = a[g.t_cons] != a[g.t_producer][pt]
+        if cross.any():
+            keys = np.unique(pt[cross] * k + a[g.t_cons][cross])
+            np.add.at(io_bytes_in, keys % k, self.io_int[keys // k])
+            sent = np.unique(pt[cross])
+            np.add.at(io_bytes_out, a[g.t_producer][sent], self.io_int[sent])
+        ov = np.zeros(k, dtype=np.int64)
+        if self.use_over:
+            f = self.S / self.cluster.slow_memory_bandwidth
+            coef = np.floor(self.g.p_size * f).astype(np.int64)
+            for b in range(k):
+                qs = np.unique(g.pair_param[a[g.p_users] == b])
+                members = a == b
+                pt_ = int(np.floor(g.act[members] * f).max()) if members.any() else 0
+                ov[b] = max(0, int(coef[qs].sum()) + pt_ - int(math.ceil(self.cluster.fast_memory * f)))
+        return w + io_bytes_in + io_bytes_out + ov
+
+    def add_hint(self, a: np.ndarray) -> None:
+        """Hint every decision and auxiliary variable with the values of plan ``a``."""
+        m, k, g = self.m, self.k, self.g
+        const = {id(self.TRUE), id(self.FALSE)}  # identity: IntVar == builds an expression
+        for v in range(g.n):
+            for b in range(k):
+                if id(self.le[v][b]) not in const:
+                    m.AddHint(self.le[v][b], int(a[v] <= b))
+                if id(self.x[v][b]) not in const:
+                    m.AddHint(self.x[v][b], int(a[v] == b))
+        for (t, b), var in self.send.items():
+            p = g.t_producer[t]
+            cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]
+            m.AddHint(var, int(a[p] == b and bool(np.any(a[cons] != b))))
+        for (t, b), var in self.recv.items():
+            p = g.t_producer[t]
+            cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]
+            m.AddHint(var, int(a[p] != b and bool(np.any(a[cons] == b))))
+        for (q, b), var in self.use.items():
+            users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]]
+            m.AddHint(var, int(bool(np.any(a[users] == b))))
+        for b in range(k):
+            m.AddHint(self.used[b], int(bool(np.any(a == b))))
+
+    def read(self, solver: cp_model.CpSolver) -> np.ndarray:
+        a = np.empty(self.g.n, dtype=np.int64)
+        for v in range(self.g.n):
+            a[v] = next(b for b in range(self.k) if solver.Value(self.le[v][b]))
+        return a
+
+
+def _closure_work(g: Graph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Total integer work of the strict ancestors and of the strict descendants of every node.
+
+    Uses bitsets over a topological order (Python ints as bitsets: exact and fast enough for
+    thousands of nodes; networkx would build explicit sets per node).
+    """
+    order = g.topo_order.tolist()
+    ptr, idx = g.pred
+    anc = [0] * g.n
+    for v in order:
+        bits = 0
+        for u in idx[ptr[v] : ptr[v + 1]].tolist():
+            bits |= anc[u] | (1 << u)
+        anc[v] = bits
+    sptr, sidx = g.succ
+    desc = [0] * g.n
+    for v in reversed(order):
+        bits = 0
+        for u in sidx[sptr[v] : sptr[v + 1]].tolist():
+            bits |= desc[u] | (1 << u)
+        desc[v] = bits
+    wl = w.tolist()
+    nz = [i for i, x in enumerate(wl) if x]
+
+    def total(bits: int) -> int:
+        return sum(wl[i] for i in nz if bits >> i & 1)
+
+    return (np.array([total(b) for b in anc], dtype=np.int64),
+            np.array([total(b) for b in desc], dtype=np.int64))
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, scale: float, start: float, fn):
+        super().__init__()
+        self.scale, self.start, self.fn = scale, start, fn
+        self.best = math.inf
+
+    def on_solution_callback(self) -> None:
+        self.best = self.ObjectiveValue() / self.scale
+        if self.fn:
+            self.fn(self.best, self.BestObjectiveBound() / self.scale, time.perf_counter() - self.start)
+
+
+def solve_cpsat(
+    g: Graph, cluster: Cluster, hint: np.ndarray | None = None, options: CpsatOptions | None = None
+) -> Plan | None:
+    """Solve exactly (or to a certified gap within the time limit).
+
+    ``hint`` is a valid plan (assignment of the original graph) used as warm start and upper
+    bound. Returns None when the problem is proven infeasible or no plan was found in time;
+    raises :class:`MtppError` with the reason when a single node or group cannot fit.
+    """
+    opts = options or CpsatOptions()
+    t0 = time.perf_counter()
+    cg, labels = coarse_view(g)
+    _check_single_fits(g, cg, labels, cluster)
+    chint = None
+    if hint is not None:
+        hint = np.asarray(hint)
+        chint = np.empty(cg.n, dtype=np.int64)
+        chint[labels] = hint
+        # compact used blocks to 0..j-1 (the model puts empty blocks last)
+        used = np.unique(chint)
+        chint = np.searchsorted(used, chint)
+    model = _Model(cg, cluster, chint)
+    if chint is not None:
+        model.add_hint(chint)
+    build_s = time.perf_counter() - t0
+
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.max_time_in_seconds = max(0.01, opts.time_limit - build_s)
+    p.num_workers = opts.workers or os.cpu_count() or 1
+    p.random_seed = opts.seed
+    if opts.gap > 0:
+        p.relative_gap_limit = opts.gap
+    p.log_search_progress = opts.log
+    for key, val in opts.params.items():
+        setattr(p, key, val)
+    cb = _Progress(model.S, t0, opts.on_progress)
+    if opts.on_progress:
+        solver.best_bound_callback = lambda bnd: opts.on_progress(
+            cb.best, bnd / model.S, time.perf_counter() - t0
+        )
+    status = solver.Solve(model.m, cb)
+    wall = time.perf_counter() - t0
+    stats = {
+        "cpsat_status": solver.StatusName(status),
+        "coarse_nodes": cg.n,
+        "build_seconds": round(build_s, 3),
+        "scale": model.S,
+        "branches": solver.NumBranches(),
+        "conflicts": solver.NumConflicts(),
+        "workers": p.num_workers,
+        "memory_modelled": model.use_mem,
+    }
+    if status == cp_model.INFEASIBLE:
+        return None
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if hint is None:
+            return None
+        a = hint
+        bound = None
+    else:
+        a = model.read(solver)[labels]
+        bound = solver.BestObjectiveBound() / model.S
+    lb = lower_bound(g, cluster)
+    if bound is not None:
+        lb = max(lb, bound)
+    plan = make_plan(g, cluster, a, "cpsat", lower_bound=lb, status=OPTIMAL, wall_seconds=wall,
+                     stats=stats)
+    if plan.status != OPTIMAL:
+        plan.status = FEASIBLE
+    return plan
+
+
+def _check_single_fits(g: Graph, cg: Graph, labels: np.ndarray, cluster: Cluster) -> None:
+    """Name the node or co-location group that alone exceeds the hard capacity."""
+    if cluster.capacity is None:
+        return
+    own = np.zeros(cg.n)
+    if cg.num_params:
+        np.add.at(own, cg.p_users, cg.p_size[cg.pair_param])
+    need = own + cg.act
+    bad = np.flatnonzero(need > cluster.capacity * (1 + 1e-12))
+    if len(bad):
+        v = int(bad[0])
+        members = np.flatnonzero(labels == v)
+        what = (
+            f"node {g.names[members[0]]!r}"
+            if len(members) == 1
+            else f"the co-location group of {len(members)} nodes containing {g.names[members[0]]!r}"
+        )
+        raise MtppError(
+            f"{what} needs {need[v]:.6g} bytes (params + peak) but each device holds at most "
+            f"{cluster.capacity:.6g} bytes: no plan can fit; raise the capacity or drop it"
+        )

@@ -1,0 +1,1 @@
+"""Fast planners: contiguous baselines, SliceGraph, PopRT auto-sharding, manual sharding."""

@@ -1,0 +1,87 @@
+"""SliceGraph's search over topological orders: a biased random-key genetic algorithm.
+
+Each individual is a vector of random keys (one per node), decoded by the priority topological
+sort (:func:`~solver.heuristics.orders.priority_order`) and sliced optimally
+(:func:`~solver.heuristics.slicing.slice_order`); fitness is the bottleneck cost. Standard BRKGA
+(Goncalves and Resende): elites survive, mutants are fresh random vectors, the rest are
+crossovers taking each key from the elite parent with probability ``bias``.
+Archer et al. (ICML 2024) use population 100 x 100 generations ("brkga-10000") or 10 x 10.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.graph import Graph
+from solver.heuristics.orders import priority_order
+from solver.heuristics.slicing import SegmentCoster, slice_order
+
+
+@dataclass
+class BrkgaOptions:
+    population: int = 20
+    generations: int = 10
+    elite: float = 0.2
+    mutants: float = 0.1
+    bias: float = 0.7
+    seed: int = 0
+    time_limit: float = math.inf
+
+
+def brkga(
+    g: Graph,
+    cluster: Cluster,
+    opts: BrkgaOptions,
+    seeds: list[np.ndarray] = (),
+    coster: SegmentCoster | None = None,
+) -> tuple[float, np.ndarray | None, dict]:
+    """Best (bottleneck, assignment) over the decoded orders, and search statistics.
+
+    ``seeds`` are orders to inject into the first population (as keys = their positions).
+    """
+    rng = np.random.default_rng(opts.seed)
+    cs = coster or SegmentCoster(g, cluster)
+    t0 = time.perf_counter()
+    P = max(2, opts.population)
+    n_el = max(1, int(round(opts.elite * P)))
+    n_mu = max(0, min(P - n_el, int(round(opts.mutants * P))))
+    pop = rng.random((P, g.n))
+    for i, order in enumerate(list(seeds)[: P]):
+        keys = np.empty(g.n)
+        keys[order] = np.arange(g.n) / g.n
+        pop[i] = keys
+    best_val, best_a = math.inf, None
+    decodes = 0
+
+    def decode(keys: np.ndarray) -> float:
+        nonlocal best_val, best_a, decodes
+        decodes += 1
+        upper = 2 * best_val if math.isfinite(best_val) else math.inf
+        val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper, coster=cs)
+        if a is not None and val < best_val:
+            best_val, best_a = val, a
+        return val
+
+    fit = np.array([decode(ind) for ind in pop])
+    gen = 0
+    for gen in range(1, opts.generations + 1):  # noqa: B007
+        if time.perf_counter() - t0 > opts.time_limit:
+            break
+        rank = np.argsort(fit, kind="stable")
+        elite, rest = pop[rank[:n_el]], pop[rank[n_el:]]
+        n_x = P - n_el - n_mu
+        pa = elite[rng.integers(0, n_el, n_x)]
+        pb = rest[rng.integers(0, len(rest), n_x)] if len(rest) else elite[rng.integers(0, n_el, n_x)]
+        mask = rng.random((n_x, g.n)) < opts.bias
+        kids = np.where(mask, pa, pb)
+        mut = rng.random((n_mu, g.n))
+        new = np.concatenate([kids, mut])
+        pop = np.concatenate([elite, new])
+        fit = np.concatenate([fit[rank[:n_el]], [decode(ind) for ind in new]])
+    return best_val, best_a, {"decodes": decodes, "generations": gen,
+                              "seconds": round(time.perf_counter() - t0, 3)}

@@ -1,0 +1,63 @@
+"""Front ends (files -> :class:`~solver.graph.Graph`) and the cluster a graph file implies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from solver.cluster import Cluster, cluster_from_dict, load_cluster
+from solver.errors import MtppError
+from solver.graph import Graph
+
+GRAPH_FORMATS = "an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON"
+
+
+def read_json(path: Path) -> object:
+    """Parse a JSON file, turning every failure into one clear :class:`MtppError`."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise MtppError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise MtppError(f"{path}: is a folder, expected a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise MtppError(f"{path}: cannot read ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MtppError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def load_graph(path: str | Path, **onnx_options) -> Graph:
+    """Load a graph file of any supported format (chosen by suffix and content).
+
+    ``onnx_options`` go to the ONNX front end (dims, work model, cluster for roofline times).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MtppError(f"{path}: no such file")
+    if path.suffix.lower() == ".onnx":
+        from solver.io.onnx_import import load_onnx
+
+        return load_onnx(path, **onnx_options)
+    data = read_json(path)
+    from solver.io import dnnpart, native
+
+    if native.looks_like(data):
+        return native.from_dict(data, str(path))
+    if dnnpart.looks_like(data):
+        return dnnpart.from_dict(data, path.stem, str(path))
+    raise MtppError(f"{path}: unknown graph format; expected {GRAPH_FORMATS}")
+
+
+def resolve_cluster(g: Graph, spec: str | None = None, devices: int | None = None) -> Cluster:
+    """The cluster to use: ``spec`` (preset or YAML) if given, else what the graph file states,
+    else the default preset; ``devices`` overrides k in every case."""
+    if spec is not None:
+        return load_cluster(spec, devices)
+    hint = g.hints.get("cluster")
+    if hint:
+        return cluster_from_dict(dict(hint), f"cluster stated by graph {g.name!r}").with_devices(
+            devices
+        )
+    return load_cluster(None, devices)

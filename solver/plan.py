@@ -1,0 +1,199 @@
+"""A plan: which block (device) every node runs on, with its costs, bound and status.
+
+The status is honest by construction: :func:`make_plan` evaluates the assignment with the one
+evaluator and downgrades OPTIMAL to FEASIBLE unless the lower bound is within 1e-6 (relative) of
+the re-evaluated objective.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.cost import Evaluation, evaluate, validate
+from solver.errors import MtppError
+from solver.graph import Graph
+
+PLAN_FORMAT = "mtpp-plan"
+PLAN_VERSION = 1
+OPTIMALITY_TOL = 1e-6
+
+OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
+
+
+@dataclass
+class Plan:
+    """An assignment of nodes to blocks plus everything a user needs to trust it."""
+
+    graph_name: str
+    fingerprint: str
+    node_names: tuple[str, ...]
+    assignment: np.ndarray
+    cluster: Cluster
+    method: str
+    status: str
+    evaluation: Evaluation
+    lower_bound: float | None = None
+    wall_seconds: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        return self.evaluation.k
+
+    @property
+    def objective(self) -> float:
+        return self.evaluation.objective
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap (objective - lower bound) / objective, or None without a bound."""
+        if self.lower_bound is None:
+            return None
+        obj = self.objective
+        if obj <= 0:
+            return 0.0
+        return max(0.0, (obj - self.lower_bound) / obj)
+
+    def to_dict(self) -> dict:
+        ev = self.evaluation
+        return {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "graph": {
+                "name": self.graph_name,
+                "nodes": len(self.node_names),
+                "fingerprint": self.fingerprint,
+            },
+            "cluster": self.cluster.to_dict(),
+            "devices": self.k,
+            "method": self.method,
+            "status": self.status,
+            "objective": self.objective,
+            "lower_bound": self.lower_bound,
+            "gap": self.gap,
+            "throughput": ev.throughput if math.isfinite(ev.throughput) else None,
+            "latency": ev.latency,
+            "bottleneck_block": ev.bottleneck,
+            "wall_seconds": self.wall_seconds,
+            "blocks": ev.blocks(),
+            "stats": self.stats,
+            "assignment": {n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)},
+        }
+
+
+def make_plan(
+    g: Graph,
+    cluster: Cluster,
+    assignment: np.ndarray,
+    method: str,
+    *,
+    lower_bound: float | None = None,
+    status: str = FEASIBLE,
+    wall_seconds: float = 0.0,
+    stats: dict | None = None,
+    check: bool = True,
+) -> Plan:
+    """Evaluate ``assignment`` and wrap it as a :class:`Plan`.
+
+    With ``check`` (the default) an invalid assignment raises: a solver must never return one.
+    OPTIMAL is kept only when ``lower_bound`` proves it within 1e-6 relative.
+    """
+    a = np.asarray(assignment, dtype=np.int64)
+    if check:
+        bad = validate(g, cluster, a)
+        if bad:
+            raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
+    ev = evaluate(g, cluster, a)
+    if lower_bound is not None:
+        lower_bound = float(min(lower_bound, ev.objective)) if status == OPTIMAL else lower_bound
+    plan = Plan(
+        graph_name=g.name,
+        fingerprint=g.fingerprint,
+        node_names=g.names,
+        assignment=a,
+        cluster=cluster,
+        method=method,
+        status=status,
+        evaluation=ev,
+        lower_bound=None if lower_bound is None else float(lower_bound),
+        wall_seconds=float(wall_seconds),
+        stats=dict(stats or {}),
+    )
+    if plan.status == OPTIMAL and (plan.gap is None or plan.gap > OPTIMALITY_TOL):
+        plan.status = FEASIBLE
+    return plan
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write a plan as JSON (atomically)."""
+    write_json_atomic(path, plan.to_dict())
+
+
+def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
+    """Read a plan file for graph ``g``: the block of every node, and the raw JSON.
+
+    Refuses plans that name unknown nodes, miss nodes, or were made for another graph.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MtppError(f"{path}: no such plan file") from None
+    except json.JSONDecodeError as e:
+        raise MtppError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise MtppError(f"{path}: cannot read plan ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise MtppError(f"{path}: not an mtpp plan (expected \"format\": \"{PLAN_FORMAT}\")")
+    if data.get("version") != PLAN_VERSION:
+        raise MtppError(f"{path}: plan version {data.get('version')!r} is not supported")
+    fp = (data.get("graph") or {}).get("fingerprint")
+    assign = data.get("assignment")
+    if not isinstance(assign, dict):
+        raise MtppError(f"{path}: 'assignment' must map node names to block numbers")
+    unknown = [x for x in assign if x not in g.index]
+    if unknown:
+        raise MtppError(
+            f"{path}: the plan names {len(unknown)} node(s) not in graph {g.name!r} (first: "
+            f"{unknown[0]!r}); was it made for another graph?"
+        )
+    missing = [x for x in g.names if x not in assign]
+    if missing:
+        raise MtppError(
+            f"{path}: the plan does not assign {len(missing)} node(s) of graph {g.name!r} "
+            f"(first: {missing[0]!r})"
+        )
+    if fp is not None and fp != g.fingerprint:
+        raise MtppError(
+            f"{path}: the plan was made for a graph with other edges (fingerprint {fp}, this "
+            f"graph has {g.fingerprint}); solve again for this graph"
+        )
+    a = np.empty(g.n, dtype=np.int64)
+    for name, b in assign.items():
+        if not isinstance(b, int) or isinstance(b, bool):
+            raise MtppError(f"{path}: block of node {name!r} must be an integer, got {b!r}")
+        a[g.index[name]] = b
+    return a, data

@@ -1,0 +1,52 @@
+"""Progress of long solves on stderr: incumbent, bound, gap and elapsed time (rich)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+
+class SolveProgress:
+    """Context manager showing one live status line on stderr; silent when disabled."""
+
+    def __init__(self, enabled: bool, title: str):
+        self.enabled = enabled and sys.stderr is not None
+        self.title = title
+        self.best = math.inf
+        self.bound = -math.inf
+        self._status = None
+        self._last = 0.0
+
+    def __enter__(self) -> SolveProgress:
+        if self.enabled:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+            self._status = self._console.status(f"{self.title}: building model")
+            self._status.__enter__()
+            self._t0 = time.perf_counter()
+        return self
+
+    def update(self, objective: float, bound: float, elapsed: float) -> None:
+        if not self.enabled:
+            return
+        if objective < self.best:
+            self.best = objective
+        if bound > self.bound:
+            self.bound = bound
+        gap = (self.best - self.bound) / self.best if math.isfinite(self.best) and self.best else math.nan
+        text = (
+            f"{self.title}: incumbent {self.best:.6g}  bound {self.bound:.6g}  "
+            f"gap {100 * gap:.3g}%  elapsed {elapsed:.1f}s"
+        )
+        if self._status is not None:
+            self._status.update(text)
+        now = time.perf_counter()
+        if not self._console.is_terminal and now - self._last > 5:
+            self._console.print(text)  # a log line now and then when stderr is not a terminal
+            self._last = now
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)

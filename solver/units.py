@@ -1,0 +1,139 @@
+"""Readable units for YAML and the CLI: "900MiB", "64GB/s", "250TFLOPS", "1.5ms".
+
+Written by hand because the well-known unit libraries (pint, humanfriendly) either pull in a
+large dependency for four suffix tables or do not know FLOP/s; the grammar here is tiny.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from solver.errors import MtppError
+
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+
+_NUM = r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*"
+_RE = re.compile(_NUM + r"(?P<unit>.*?)\s*$")
+
+KIND_UNITS = {
+    "bytes": "B (e.g. 900MiB, 16GB)",
+    "bandwidth": "B/s (e.g. 64GB/s)",
+    "flops": "FLOPS (e.g. 250TFLOPS)",
+    "time": "s (e.g. 1.5ms)",
+}
+
+
+def _split(text: str) -> tuple[float, str]:
+    m = _RE.match(text.strip())
+    if not m:
+        raise ValueError
+    return float(m.group("num")), m.group("unit")
+
+
+def _scale(unit: str, base: str) -> float | None:
+    """Multiplier for ``<prefix><base>`` (decimal or binary prefix); None if it does not match."""
+    if not unit.endswith(base):
+        return None
+    prefix = unit[: len(unit) - len(base)]
+    if prefix in _BIN:
+        return _BIN[prefix]
+    if prefix in _PREFIX:
+        return _PREFIX[prefix]
+    return None
+
+
+def parse_quantity(value: object, kind: str, what: str = "value") -> float:
+    """Parse a number or a string with a unit into base units (bytes, bytes/s, FLOP/s, s).
+
+    ``kind`` is one of "bytes", "bandwidth", "flops", "time". Plain numbers are taken as base
+    units; "inf" means unlimited.
+
+    >>> parse_quantity("900MiB", "bytes")
+    943718400.0
+    >>> parse_quantity("64GB/s", "bandwidth")
+    64000000000.0
+    """
+    if isinstance(value, bool):
+        raise MtppError(f"{what}: expected a quantity in {KIND_UNITS[kind]}, got {value!r}")
+    if isinstance(value, (int, float)):
+        out = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("inf", "infinity", "unlimited"):
+            return math.inf
+        try:
+            num, unit = _split(text)
+        except ValueError:
+            raise MtppError(
+                f"{what}: cannot read {value!r}; write a number with a unit in {KIND_UNITS[kind]}"
+            ) from None
+        scale = _unit_scale(unit, kind)
+        if scale is None:
+            raise MtppError(
+                f"{what}: unknown unit {unit!r} in {value!r}; use {KIND_UNITS[kind]}"
+            )
+        out = num * scale
+    else:
+        raise MtppError(f"{what}: expected a quantity in {KIND_UNITS[kind]}, got {value!r}")
+    if math.isnan(out) or out < 0:
+        raise MtppError(f"{what}: must be a non-negative quantity, got {value!r}")
+    return out
+
+
+def _unit_scale(unit: str, kind: str) -> float | None:
+    if unit == "":
+        return 1.0
+    if kind == "bytes":
+        return _scale(unit, "B")
+    if kind == "bandwidth":
+        for base, mult in (("B/s", 1.0), ("Bps", 1.0), ("bit/s", 0.125), ("bps", 0.125)):
+            s = _scale(unit, base)
+            if s is not None:
+                return s * mult
+        return None
+    if kind == "flops":
+        for base in ("FLOPS", "FLOP/s", "flops", "flop/s"):
+            s = _scale(unit, base)
+            if s is not None:
+                return s
+        return None
+    if kind == "time":
+        return _TIME.get(unit)
+    raise ValueError(kind)
+
+
+def format_bytes(x: float) -> str:
+    """Human-readable bytes with binary prefixes ("1.5 GiB")."""
+    if not math.isfinite(x):
+        return "inf"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def format_rate(x: float, unit: str) -> str:
+    """Human-readable rate with decimal prefixes ("64 GB/s", "250 TFLOPS")."""
+    if not math.isfinite(x):
+        return "inf"
+    for p, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g} {p}{unit}"
+    return f"{x:.4g} {unit}"
+
+
+def format_time(x: float) -> str:
+    """Human-readable seconds ("1.23 ms")."""
+    if not math.isfinite(x):
+        return "inf"
+    ax = abs(x)
+    if ax >= 1 or ax == 0:
+        return f"{x:.6g} s"
+    if ax >= 1e-3:
+        return f"{x * 1e3:.4g} ms"
+    if ax >= 1e-6:
+        return f"{x * 1e6:.4g} us"
+    return f"{x * 1e9:.4g} ns"
