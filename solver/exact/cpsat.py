@@ -76,7 +76,7 @@ class _Model:
         total = float(g.work.sum() + 2 * io.sum())
         if self.use_over:
             total += (mem_total - min(M, mem_total)) / Bm * k
-        self.S = S = TARGET_RANGE / max(total, 1e-300)
+        self.S = S = TARGET_RANGE / total if total > 0 else 1.0
         self.w_int = np.floor(g.work * S).astype(np.int64)
         self.io_int = np.floor(io * S).astype(np.int64)
 
@@ -184,6 +184,7 @@ class _Model:
         self.peak_b: list = [None] * k
         self.peak_t: list = [None] * k
         self.ov: list = [None] * k
+        self.ov_hi: list[int] = []
         if self.use_mem:
             p_bytes = np.floor(g.p_size).astype(np.int64)
             act_b = np.floor(g.act).astype(np.int64)
@@ -216,18 +217,23 @@ class _Model:
                     coef = np.floor(g.p_size * f).astype(np.int64)
                     hi_ov = int(coef.sum() + act_t.max())
                     ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
+                    self.ov_hi.append(hi_ov)
                     over_terms = [(int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b]
                     m.Add(ov >= sum(c * v for c, v in over_terms) + pt - int(math.ceil(M * f)))
                     self.ov[b] = ov
                     self.terms[b].append((1, ov))
 
         # ---- objective
-        max_f = sum(c for c, _ in (t for blk in self.terms for t in blk))
+        max_f = int(self.w_int.sum() + 2 * self.io_int.sum())
+        max_f += sum(self.ov_hi)
         self.T = T = m.NewIntVar(0, max(1, max_f), "T")
         for b in range(k):
             m.Add(sum(c * v for c, v in self.terms[b]) <= T)
         # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
+        # (clamped to the hint's integer cost, which rounding can put a few units lower)
         lb_int = int(math.floor(lower_bound(g, cluster) * S * (1 - 1e-12)))
+        if ub_int is not None:
+            lb_int = min(lb_int, ub_int)
         if lb_int > 0:
             m.Add(T >= lb_int)
         if ub_int is not None:

@@ -1,0 +1,83 @@
+"""Brute force is the oracle; CP-SAT must match it and never claim a bound it cannot keep."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from solver.cluster import Cluster
+from solver.cost import evaluate, lower_bound, validate
+from solver.errors import MtppError
+from solver.exact.brute import all_assignments, batch_costs, brute_force
+from solver.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.graph import Graph
+from solver.io import load_graph, resolve_cluster
+from solver.methods import SolveOptions, quick_assignment, solve
+from solver.plan import OPTIMAL
+
+from .conftest import KNOWN_OPTIMA, bench_path, problems
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=6))
+def test_brute_force_is_below_every_valid_plan(prob):
+    g, c = prob
+    best = brute_force(g, c)
+    A = all_assignments(g, c.devices)
+    f, mem = batch_costs(g, c, A, c.devices)
+    fits = np.ones(len(A), bool) if c.capacity is None else np.all(mem <= c.capacity, axis=1)
+    if best is None:
+        assert not fits.any()
+        return
+    assert not validate(g, c, best.assignment)
+    assert best.objective <= f[fits].max(axis=1).min() + 1e-12
+    for row in np.flatnonzero(fits)[:10]:
+        assert best.objective <= evaluate(g, c, A[row]).objective + 1e-12
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_cpsat_equals_brute_force(prob):
+    g, c = prob
+    truth = brute_force(g, c)
+    _, hint = quick_assignment(g, c)
+    try:
+        plan = solve_cpsat(g, c, hint, CpsatOptions(time_limit=20, workers=2))
+    except MtppError:
+        assert truth is None  # a single node or group that cannot fit
+        return
+    if truth is None:
+        assert plan is None
+        return
+    assert plan is not None
+    assert not validate(g, c, plan.assignment)
+    assert plan.lower_bound <= truth.objective * (1 + 1e-9) + 1e-12
+    assert plan.status == OPTIMAL
+    assert plan.objective == pytest.approx(truth.objective, rel=1e-6, abs=1e-9)
+
+
+def test_cpsat_infeasible_single_node_named():
+    g = Graph.build(["a", "big"], [1, 1], [0, 0], [(0, 1)], params=[("w", 100, [1])])
+    c = Cluster("t", 2, capacity=50)
+    with pytest.raises(MtppError, match="node 'big' needs 100 bytes"):
+        solve(g, c, "cpsat")
+
+
+def test_cpsat_infeasible_total_memory_returns_none():
+    g = Graph.build(["a", "b", "c"], [1, 1, 1], [0, 0, 0], [(0, 1), (1, 2)],
+                    params=[(f"w{i}", 40, [i]) for i in range(3)])
+    assert solve(g, Cluster("t", 2, capacity=50), "cpsat") is None
+    assert brute_force(g, Cluster("t", 2, capacity=50)) is None
+
+
+@pytest.mark.parametrize("key", list(KNOWN_OPTIMA))
+def test_cpsat_reproduces_known_optima(key):
+    n, k, opt = KNOWN_OPTIMA[key]
+    g = load_graph(bench_path(key))
+    c = resolve_cluster(g)
+    assert (g.n, c.devices) == (n, k)
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=60))
+    tol = 1e-4 / opt if "inceptionv3" in key else 1e-6
+    assert plan.status == OPTIMAL
+    assert plan.objective == pytest.approx(opt, rel=tol)
+    assert plan.lower_bound <= opt * (1 + tol)
+    assert lower_bound(g, c) <= opt
