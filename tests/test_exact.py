@@ -55,6 +55,26 @@ def test_cpsat_equals_brute_force(prob):
     assert plan.objective == pytest.approx(truth.objective, rel=1e-6, abs=1e-9)
 
 
+def test_regression_large_coefficients_do_not_fake_optimality():
+    """OR-Tools 9.15 proved 8.1259 'optimal' here when coefficients exceeded 2^31
+    (google/or-tools#5293); the true optimum is 8.04883515."""
+    g = Graph.build(
+        [f"v{i}" for i in range(7)],
+        [4.44934555, 0.0770879, 2.27501023, 2.45560402, 1.44544954, 2.72727203, 1.32447937],
+        [2.0, 0.0, 3.0, 4.0, 3.0, 0.0, 1.0],
+        [(0, 6), (1, 2), (1, 3), (1, 5), (4, 5)],
+        act=[2.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0],
+        params=[("p0", 1.0, [5, 6]), ("p1", 3.0, [1, 3, 5])],
+    )
+    c = Cluster("toy", 2, link_bandwidth=1.0)
+    truth = brute_force(g, c)
+    _, hint = quick_assignment(g, c)
+    plan = solve_cpsat(g, c, hint, CpsatOptions(workers=1))
+    assert truth.objective == pytest.approx(8.04883515, rel=1e-8)
+    assert plan.objective == pytest.approx(truth.objective, rel=1e-9)
+    assert plan.lower_bound <= truth.objective
+
+
 def test_cpsat_infeasible_single_node_named():
     g = Graph.build(["a", "big"], [1, 1], [0, 0], [(0, 1)], params=[("w", 100, [1])])
     c = Cluster("t", 2, capacity=50)

@@ -17,7 +17,8 @@ Model (on the coarse graph where co-location groups and the cycles they create a
 - A heuristic plan is the hint and ``T <= its cost`` an upper bound; node domains are then
   narrowed by the work of ancestors and descendants (valid for every plan at most that cost).
 
-Integers: every time is multiplied by a scale S (about 1e12 / total cost) and rounded DOWN, so
+Integers: every time is multiplied by a scale S (the largest with every coefficient below 2^30
+and the total cost below 1e12) and rounded DOWN, so
 for every plan the integer block cost is at most S times the real one. CP-SAT's proven bound
 divided by S is therefore a valid lower bound of the real problem, with no correction; the gap
 it leaves is at most (terms per block) / S, far below the 1e-6 optimality tolerance. Plans cut
@@ -36,12 +37,16 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.cluster import Cluster
-from solver.cost import lower_bound
+from solver.cost import evaluate, lower_bound, validate
 from solver.errors import MtppError
 from solver.graph import Graph, coarse_view
 from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
-TARGET_RANGE = 1e12  # total cost scaled to about this many integer units
+TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
+# Every coefficient stays below 2^30: OR-Tools 9.15's presolve overflows on a coefficient above
+# 2^31 on a Boolean term and then proves wrong optima (google/or-tools#5293; a regression test
+# in tests/test_exact.py reproduces it at a larger scale).
+MAX_COEF = 2**30
 
 
 @dataclass
@@ -74,9 +79,17 @@ class _Model:
         # ---- integer scaling (round down: integer costs never exceed S * real costs)
         io = g.t_size / B
         total = float(g.work.sum() + 2 * io.sum())
+        biggest = float(max(g.work.max(), io.max(initial=0.0)))
         if self.use_over:
             total += (mem_total - min(M, mem_total)) / Bm * k
-        self.S = S = TARGET_RANGE / total if total > 0 else 1.0
+            biggest = max(biggest, float(g.p_size.max(initial=0.0) + g.act.max()) / Bm, M / Bm)
+        S = TARGET_RANGE / total if total > 0 else 1.0
+        if biggest > 0:
+            S = min(S, MAX_COEF / biggest)
+        self.S = S
+        # memory in units of 2^j bytes, rounded down (a laxer model: the bound stays valid)
+        big_mem = float(max(g.p_size.max(initial=0.0), g.act.max(), cap or 0.0))
+        self.mem_unit = 2.0 ** max(0, math.ceil(math.log2(max(big_mem, 1.0) / MAX_COEF)))
         self.w_int = np.floor(g.work * S).astype(np.int64)
         self.io_int = np.floor(io * S).astype(np.int64)
 
@@ -186,8 +199,8 @@ class _Model:
         self.ov: list = [None] * k
         self.ov_hi: list[int] = []
         if self.use_mem:
-            p_bytes = np.floor(g.p_size).astype(np.int64)
-            act_b = np.floor(g.act).astype(np.int64)
+            p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
+            act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
             for q in range(g.num_params):
                 users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
                 for b in sorted({b for u in users for b in range(lo[u], hi[u] + 1)}):
@@ -205,7 +218,7 @@ class _Model:
                 self.peak_b[b] = pk
                 pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
                 if self.use_cap:
-                    m.Add(sum(c * v for c, v in pterms) + pk <= int(math.floor(cap)))
+                    m.Add(sum(c * v for c, v in pterms) + pk <= int(math.floor(cap / self.mem_unit)))
                 if self.use_over:
                     f = S / Bm
                     act_t = np.floor(g.act * f).astype(np.int64)
@@ -420,6 +433,14 @@ def solve_cpsat(
     else:
         a = model.read(solver)[labels]
         bound = solver.BestObjectiveBound() / model.S
+        # memory is modelled in rounded-down units and costs in rounded-down integers: keep
+        # the hint when the model's plan breaks the real capacity or is not really better
+        if hint is not None:
+            if validate(g, cluster, a) or (
+                evaluate(g, cluster, hint).objective < evaluate(g, cluster, a).objective
+            ):
+                a = hint
+                stats["kept_hint"] = True
     lb = lower_bound(g, cluster)
     if bound is not None:
         lb = max(lb, bound)

@@ -1,0 +1,131 @@
+"""The mtpp command: JSON output, tables, exit codes and one-line errors."""
+
+import json
+
+import pytest
+
+from solver.cli import main
+
+from .conftest import bench_path
+
+GRAPH = {
+    "format": "mtpp-graph",
+    "version": 1,
+    "name": "toy",
+    "cluster": {"devices": 2, "link_bandwidth": "1B/s"},
+    "nodes": [
+        {"name": "a", "work": 1.0, "sizeout": 1},
+        {"name": "b", "work": 2.0, "sizeout": 1},
+        {"name": "c", "work": 3.0, "sizeout": 1},
+    ],
+    "edges": [["a", "b"], ["b", "c"]],
+    "params": [{"name": "w", "bytes": 10, "users": ["a", "c"]}],
+}
+
+
+@pytest.fixture
+def toy(tmp_path):
+    p = tmp_path / "toy.json"
+    p.write_text(json.dumps(GRAPH))
+    return p
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_inspect_json(toy, capsys):
+    code, out, err = run(capsys, "inspect", toy, "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["nodes"] == 3 and d["edges"] == 2 and d["param_bytes"] == 10
+    assert d["work"] == 6.0 and d["cluster"]["devices"] == 2
+
+
+def test_inspect_table_names_cluster(toy, capsys):
+    code, out, _ = run(capsys, "inspect", toy)
+    assert code == 0 and "toy" in out and "cluster" in out
+
+
+def test_solve_then_evaluate_round_trip(toy, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "solve", toy, "--method", "cpsat", "--out", plan, "--json")
+    assert code == 0
+    d = json.loads(out)
+    # best: {a, b} | {c}: max(3 + 1, 1 + 3) = 4
+    assert d["status"] == "OPTIMAL" and d["objective"] == pytest.approx(4.0)
+    code, out, _ = run(capsys, "evaluate", toy, plan, "--json")
+    e = json.loads(out)
+    assert code == 0 and e["valid"] and e["objective"] == pytest.approx(4.0)
+    assert [b["f"] for b in e["blocks"]] == pytest.approx([4.0, 4.0])
+
+
+def test_brute_and_heuristics_from_cli(toy, capsys):
+    for method in ("brute", "slicegraph", "time", "params", "uniform"):
+        code, out, _ = run(capsys, "solve", toy, "-m", method, "--json")
+        assert code == 0, method
+        assert json.loads(out)["objective"] >= 4.0 - 1e-9
+
+
+def test_dnn_partitioning_file_solves(capsys):
+    path = bench_path("LayerGraphs/bert24_inference")
+    code, out, _ = run(capsys, "solve", path, "--json", "--time-limit", "30")
+    d = json.loads(out)
+    assert code == 0 and d["status"] == "OPTIMAL"
+    assert d["objective"] == pytest.approx(17.78990625, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["inspect", "missing.json"], "no such file"),
+        (["solve", "{toy}", "--time-limit", "-1"], "--time-limit must be > 0"),
+        (["solve", "{toy}", "--cluster", "nonexistent"], "no such file or preset"),
+        (["solve", "{toy}", "--devices", "0"], "--devices must be >= 1"),
+        (["inspect", "{toy}", "--dim", "batch"], "write NAME=VALUE"),
+        (["evaluate", "{toy}", "{bad}"], "not valid JSON"),
+        (["evaluate", "{toy}", "{other}"], "names 1 node"),
+    ],
+)
+def test_errors_exit_2_with_one_line(argv, match, toy, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "mtpp-plan", "version": 1,
+                                 "assignment": {"a": 0, "b": 0, "c": 0, "zz": 1}}))
+    argv = [a.format(toy=toy, bad=bad, other=other) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert match in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert out == ""
+
+
+def test_plan_for_other_graph_is_refused(toy, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    run(capsys, "solve", toy, "-m", "time", "--out", plan)
+    g2 = dict(GRAPH, edges=[["a", "c"], ["b", "c"]])
+    other = tmp_path / "toy2.json"
+    other.write_text(json.dumps(g2))
+    code, _, err = run(capsys, "evaluate", other, plan)
+    assert code == 2 and "made for a graph with other edges" in err
+
+
+def test_invalid_plan_reported(toy, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    run(capsys, "solve", toy, "-m", "time", "--out", plan)
+    d = json.loads(plan.read_text())
+    d["assignment"] = {"a": 1, "b": 0, "c": 1}
+    plan.write_text(json.dumps(d))
+    code, out, _ = run(capsys, "evaluate", toy, plan, "--json")
+    e = json.loads(out)
+    assert code == 1 and not e["valid"] and e["violations"][0]["kind"] == "order"
+
+
+def test_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["solve", "--help"])
+    out = capsys.readouterr().out
+    assert ex.value.code == 0 and "examples:" in out and "--time-limit" in out
