@@ -158,7 +158,12 @@ def _load(args: argparse.Namespace):
             raise MtppError(f"--dim {item!r}: VALUE must be a whole number") from None
     options = {}
     if Path(args.graph).suffix.lower() == ".onnx":
-        options = {"dims": dims, "work": args.work, "cluster": args.cluster, "devices": args.devices}
+        options = {
+            "dims": dims,
+            "work": args.work,
+            "cluster": args.cluster,
+            "devices": args.devices,
+        }
     g = load_graph(args.graph, **options)
     cluster = resolve_cluster(g, args.cluster, args.devices)
     return g, cluster
@@ -167,7 +172,10 @@ def _load(args: argparse.Namespace):
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False)
+    con = Console(highlight=False)
+    if not con.is_terminal:  # pipes and files: do not squeeze tables into 80 columns
+        con = Console(highlight=False, width=140)
+    return con
 
 
 def _fmt(x: float | None) -> str:
@@ -282,26 +290,28 @@ def _print_plan(plan, violations=(), title: str = "plan") -> None:
     lb = plan.lower_bound
     gap = plan.gap
     con.print(
-        f"status [bold]{plan.status}[/bold]  objective (max f) {_fmt(plan.objective)}  "
-        f"lower bound {_fmt(lb)}  gap {'-' if gap is None else f'{100 * gap:.4g}%'}  "
-        f"throughput {_fmt(plan.evaluation.throughput)}/s  latency {_fmt(plan.evaluation.latency)}"
-        f"  time {plan.wall_seconds:.2f}s"
+        f"status [bold]{plan.status}[/bold]  objective (max f) {_fmt(plan.objective)} s  "
+        f"lower bound {_fmt(lb)} s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
+    )
+    con.print(
+        f"throughput {_fmt(plan.evaluation.throughput)} requests/s  latency "
+        f"{_fmt(plan.evaluation.latency)} s  solve time {plan.wall_seconds:.2f} s"
     )
     t = Table()
     for col in ("block", "nodes", "work", "io in", "io out", "overflow", "f(S)", "params", "peak"):
-        t.add_column(col, justify="right")
-    from solver.units import format_bytes
+        t.add_column(col, justify="right", no_wrap=True)
+    from solver.units import format_bytes, format_time
 
     for row in plan.evaluation.blocks():
         mark = " *" if row["block"] == plan.evaluation.bottleneck else ""
         t.add_row(
             f"{row['block']}{mark}",
             str(row["nodes"]),
-            _fmt(row["work"]),
-            _fmt(row["io_in"]),
-            _fmt(row["io_out"]),
-            _fmt(row["overflow"]),
-            _fmt(row["f"]),
+            format_time(row["work"]),
+            format_time(row["io_in"]),
+            format_time(row["io_out"]),
+            format_time(row["overflow"]),
+            format_time(row["f"]),
             format_bytes(row["param_bytes"]),
             format_bytes(row["peak_bytes"]),
         )
@@ -329,7 +339,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
     violations = validate(g, cluster, a)
     plan = make_plan(
-        g, cluster, a, data.get("method", "given"), status=FEASIBLE, check=False,
+        g,
+        cluster,
+        a,
+        data.get("method", "given"),
+        status=FEASIBLE,
+        check=False,
         lower_bound=data.get("lower_bound"),
     )
     if violations:

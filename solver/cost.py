@@ -98,7 +98,9 @@ def check_assignment(g: Graph, assignment: np.ndarray, k: int) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def evaluate(g: Graph, cluster: Cluster, assignment: np.ndarray, k: int | None = None) -> Evaluation:
+def evaluate(
+    g: Graph, cluster: Cluster, assignment: np.ndarray, k: int | None = None
+) -> Evaluation:
     """Block costs of a plan (``assignment[v]`` = block of node v, blocks 0..k-1).
 
     Does not check precedence or capacity; see :func:`validate`.
@@ -194,7 +196,9 @@ def validate(
     for m in bad_groups[:limit]:
         where = ", ".join(f"{g.names[v]!r}: block {a[v]}" for v in m[:4])
         more = ", ..." if len(m) > 4 else ""
-        out.append(Violation("colocation", f"co-location group split across blocks ({where}{more})"))
+        out.append(
+            Violation("colocation", f"co-location group split across blocks ({where}{more})")
+        )
     if cluster.capacity is not None:
         ev = evaluate(g, cluster, a, k)
         used = ev.params + ev.peak

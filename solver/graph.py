@@ -140,7 +140,9 @@ class Graph:
         for j, (pname, pbytes, users) in enumerate(params):
             b = float(pbytes)
             if not np.isfinite(b) or b < 0:
-                raise MtppError(f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}")
+                raise MtppError(
+                    f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}"
+                )
             us = np.unique(np.asarray(list(users), dtype=np.int64))
             if len(us) == 0:
                 raise MtppError(f"parameter {pname!r} has no user node")

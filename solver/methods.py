@@ -37,15 +37,25 @@ def _members(labels: np.ndarray, L: int) -> np.ndarray:
     return np.bincount(labels, minlength=L)
 
 
-def _finish(g: Graph, cluster: Cluster, a: np.ndarray, method: str, t0: float,
-            stats: dict | None = None) -> Plan:
+def _finish(
+    g: Graph, cluster: Cluster, a: np.ndarray, method: str, t0: float, stats: dict | None = None
+) -> Plan:
     """Wrap a heuristic assignment: order/co-location errors are bugs; capacity ones are marked."""
     bad = validate(g, cluster, a)
     hard = [v for v in bad if v.kind != "capacity"]
     if hard:
         raise AssertionError(f"{method} produced an invalid plan: {hard[0]}")
-    plan = make_plan(g, cluster, a, method, lower_bound=lower_bound(g, cluster), status=FEASIBLE,
-                     wall_seconds=time.perf_counter() - t0, stats=stats, check=False)
+    plan = make_plan(
+        g,
+        cluster,
+        a,
+        method,
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=time.perf_counter() - t0,
+        stats=stats,
+        check=False,
+    )
     if bad:
         plan.status = "INVALID"
         plan.stats["violations"] = [str(v) for v in bad]

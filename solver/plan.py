@@ -85,7 +85,9 @@ class Plan:
             "wall_seconds": self.wall_seconds,
             "blocks": ev.blocks(),
             "stats": self.stats,
-            "assignment": {n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)},
+            "assignment": {
+                n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)
+            },
         }
 
 
@@ -167,7 +169,7 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
     except (OSError, UnicodeDecodeError) as e:
         raise MtppError(f"{path}: cannot read plan ({e})") from None
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        raise MtppError(f"{path}: not an mtpp plan (expected \"format\": \"{PLAN_FORMAT}\")")
+        raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
     if data.get("version") != PLAN_VERSION:
         raise MtppError(f"{path}: plan version {data.get('version')!r} is not supported")
     fp = (data.get("graph") or {}).get("fingerprint")

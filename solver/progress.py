@@ -25,7 +25,7 @@ class SolveProgress:
             self._console = Console(stderr=True, highlight=False)
             self._status = self._console.status(f"{self.title}: building model")
             self._status.__enter__()
-            self._t0 = time.perf_counter()
+            self._t0 = self._last = time.perf_counter()
         return self
 
     def update(self, objective: float, bound: float, elapsed: float) -> None:
@@ -35,7 +35,11 @@ class SolveProgress:
             self.best = objective
         if bound > self.bound:
             self.bound = bound
-        gap = (self.best - self.bound) / self.best if math.isfinite(self.best) and self.best else math.nan
+        gap = (
+            (self.best - self.bound) / self.best
+            if math.isfinite(self.best) and self.best
+            else math.nan
+        )
         text = (
             f"{self.title}: incumbent {self.best:.6g}  bound {self.bound:.6g}  "
             f"gap {100 * gap:.3g}%  elapsed {elapsed:.1f}s"
@@ -43,7 +47,7 @@ class SolveProgress:
         if self._status is not None:
             self._status.update(text)
         now = time.perf_counter()
-        if not self._console.is_terminal and now - self._last > 5:
+        if not self._console.is_terminal and now - self._last > 5 and math.isfinite(self.best):
             self._console.print(text)  # a log line now and then when stderr is not a terminal
             self._last = now
 

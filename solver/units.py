@@ -72,9 +72,7 @@ def parse_quantity(value: object, kind: str, what: str = "value") -> float:
             ) from None
         scale = _unit_scale(unit, kind)
         if scale is None:
-            raise MtppError(
-                f"{what}: unknown unit {unit!r} in {value!r}; use {KIND_UNITS[kind]}"
-            )
+            raise MtppError(f"{what}: unknown unit {unit!r} in {value!r}; use {KIND_UNITS[kind]}")
         out = num * scale
     else:
         raise MtppError(f"{what}: expected a quantity in {KIND_UNITS[kind]}, got {value!r}")

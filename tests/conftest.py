@@ -67,11 +67,22 @@ def problems(draw, max_nodes: int = 7, max_k: int = 3, features: bool = True):
         if n >= 3 and rng.random() < 0.2:
             colocate = [rng.choice(n, size=2, replace=False).tolist()]
     g = Graph.build(
-        [f"v{i}" for i in range(n)], work, sizeout, edges, ordered=ordered, params=params,
-        act=act, colocate=colocate, name="random",
+        [f"v{i}" for i in range(n)],
+        work,
+        sizeout,
+        edges,
+        ordered=ordered,
+        params=params,
+        act=act,
+        colocate=colocate,
+        name="random",
     )
     cluster = Cluster(
-        name="toy", devices=k, fast_memory=fast, capacity=cap,
-        link_bandwidth=float(rng.choice([0.5, 1.0, 2.0])), slow_memory_bandwidth=bm,
+        name="toy",
+        devices=k,
+        fast_memory=fast,
+        capacity=cap,
+        link_bandwidth=float(rng.choice([0.5, 1.0, 2.0])),
+        slow_memory_bandwidth=bm,
     )
     return g, cluster

@@ -93,8 +93,11 @@ def test_errors_exit_2_with_one_line(argv, match, toy, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"format": "mtpp-plan", "version": 1,
-                                 "assignment": {"a": 0, "b": 0, "c": 0, "zz": 1}}))
+    other.write_text(
+        json.dumps(
+            {"format": "mtpp-plan", "version": 1, "assignment": {"a": 0, "b": 0, "c": 0, "zz": 1}}
+        )
+    )
     argv = [a.format(toy=toy, bad=bad, other=other) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 2

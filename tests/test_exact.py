@@ -83,8 +83,13 @@ def test_cpsat_infeasible_single_node_named():
 
 
 def test_cpsat_infeasible_total_memory_returns_none():
-    g = Graph.build(["a", "b", "c"], [1, 1, 1], [0, 0, 0], [(0, 1), (1, 2)],
-                    params=[(f"w{i}", 40, [i]) for i in range(3)])
+    g = Graph.build(
+        ["a", "b", "c"],
+        [1, 1, 1],
+        [0, 0, 0],
+        [(0, 1), (1, 2)],
+        params=[(f"w{i}", 40, [i]) for i in range(3)],
+    )
     assert solve(g, Cluster("t", 2, capacity=50), "cpsat") is None
     assert brute_force(g, Cluster("t", 2, capacity=50)) is None
 

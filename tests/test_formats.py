@@ -89,11 +89,16 @@ def write(tmp_path, text, name="g.json"):
         ("[1, 2]", "unknown graph format"),
         ('{"format": "mtpp-graph", "nodes": []}', "key 'nodes'"),
         ('{"format": "mtpp-graph", "nodes": [{"name": "a"}]}', "key 'nodes.0.work'"),
-        ('{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1}], "edges": [["a", "b"]]}',
-         "unknown node 'b'"),
+        (
+            '{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1}], "edges": [["a", "b"]]}',
+            "unknown node 'b'",
+        ),
         ('{"format": "mtpp-graph", "nodes": [{"name": "a", "work": -1}]}', "greater than or equal"),
-        ('{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1}, {"name": "b", "work": 1}],'
-         ' "edges": [["a", "b"], ["b", "a"]]}', "cycle"),
+        (
+            '{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1},'
+            ' {"name": "b", "work": 1}], "edges": [["a", "b"], ["b", "a"]]}',
+            "cycle",
+        ),
         ('{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1, "colour": 2}]}', "colour"),
     ],
 )

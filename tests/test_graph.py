@@ -14,8 +14,12 @@ from .conftest import problems
 
 
 def chain(n=4):
-    return Graph.build([f"n{i}" for i in range(n)], np.arange(n, dtype=float), np.ones(n),
-                       [(i, i + 1) for i in range(n - 1)])
+    return Graph.build(
+        [f"n{i}" for i in range(n)],
+        np.arange(n, dtype=float),
+        np.ones(n),
+        [(i, i + 1) for i in range(n - 1)],
+    )
 
 
 def test_cycle_is_rejected_with_node_name():

@@ -41,7 +41,7 @@ def batch_costs(g: Graph, cluster: Cluster, A: np.ndarray, k: int) -> tuple[np.n
     mem = np.zeros((rows, k))
     B, Bm, M = cluster.link_bandwidth, cluster.slow_memory_bandwidth, cluster.fast_memory
     for b in range(k):
-        inb = A == b
+        inb = b == A
         f[:, b] += inb @ g.work
         params = np.zeros(rows)
         for p in range(g.num_params):

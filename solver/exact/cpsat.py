@@ -218,7 +218,9 @@ class _Model:
                 self.peak_b[b] = pk
                 pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
                 if self.use_cap:
-                    m.Add(sum(c * v for c, v in pterms) + pk <= int(math.floor(cap / self.mem_unit)))
+                    m.Add(
+                        sum(c * v for c, v in pterms) + pk <= int(math.floor(cap / self.mem_unit))
+                    )
                 if self.use_over:
                     f = S / Bm
                     act_t = np.floor(g.act * f).astype(np.int64)
@@ -231,7 +233,9 @@ class _Model:
                     hi_ov = int(coef.sum() + act_t.max())
                     ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
                     self.ov_hi.append(hi_ov)
-                    over_terms = [(int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b]
+                    over_terms = [
+                        (int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b
+                    ]
                     m.Add(ov >= sum(c * v for c, v in over_terms) + pt - int(math.ceil(M * f)))
                     self.ov[b] = ov
                     self.terms[b].append((1, ov))
@@ -248,9 +252,9 @@ class _Model:
         if ub_int is not None:
             lb_int = min(lb_int, ub_int)
         if lb_int > 0:
-            m.Add(T >= lb_int)
+            m.Add(lb_int <= T)
         if ub_int is not None:
-            m.Add(T <= ub_int)
+            m.Add(ub_int >= T)
         # redundant cuts: prefix and suffix work
         for b in range(k - 1):
             pre = [(int(self.w_int[v]), le[v][b]) for v in range(n) if self.w_int[v]]
@@ -293,7 +297,9 @@ class _Model:
                 qs = np.unique(g.pair_param[a[g.p_users] == b])
                 members = a == b
                 pt_ = int(np.floor(g.act[members] * f).max()) if members.any() else 0
-                ov[b] = max(0, int(coef[qs].sum()) + pt_ - int(math.ceil(self.cluster.fast_memory * f)))
+                ov[b] = max(
+                    0, int(coef[qs].sum()) + pt_ - int(math.ceil(self.cluster.fast_memory * f))
+                )
         return w + io_bytes_in + io_bytes_out + ov
 
     def add_hint(self, a: np.ndarray) -> None:
@@ -354,8 +360,10 @@ def _closure_work(g: Graph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     def total(bits: int) -> int:
         return sum(wl[i] for i in nz if bits >> i & 1)
 
-    return (np.array([total(b) for b in anc], dtype=np.int64),
-            np.array([total(b) for b in desc], dtype=np.int64))
+    return (
+        np.array([total(b) for b in anc], dtype=np.int64),
+        np.array([total(b) for b in desc], dtype=np.int64),
+    )
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -367,7 +375,9 @@ class _Progress(cp_model.CpSolverSolutionCallback):
     def on_solution_callback(self) -> None:
         self.best = self.ObjectiveValue() / self.scale
         if self.fn:
-            self.fn(self.best, self.BestObjectiveBound() / self.scale, time.perf_counter() - self.start)
+            self.fn(
+                self.best, self.BestObjectiveBound() / self.scale, time.perf_counter() - self.start
+            )
 
 
 def solve_cpsat(
@@ -436,16 +446,16 @@ def solve_cpsat(
         # memory is modelled in rounded-down units and costs in rounded-down integers: keep
         # the hint when the model's plan breaks the real capacity or is not really better
         if hint is not None:
-            if validate(g, cluster, a) or (
-                evaluate(g, cluster, hint).objective < evaluate(g, cluster, a).objective
-            ):
+            worse = evaluate(g, cluster, hint).objective < evaluate(g, cluster, a).objective
+            if worse or validate(g, cluster, a):
                 a = hint
                 stats["kept_hint"] = True
     lb = lower_bound(g, cluster)
     if bound is not None:
         lb = max(lb, bound)
-    plan = make_plan(g, cluster, a, "cpsat", lower_bound=lb, status=OPTIMAL, wall_seconds=wall,
-                     stats=stats)
+    plan = make_plan(
+        g, cluster, a, "cpsat", lower_bound=lb, status=OPTIMAL, wall_seconds=wall, stats=stats
+    )
     if plan.status != OPTIMAL:
         plan.status = FEASIBLE
     return plan

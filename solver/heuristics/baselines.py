@@ -32,8 +32,9 @@ def node_weights(g: Graph, what: str, members: np.ndarray | None = None) -> np.n
     raise ValueError(what)
 
 
-def contiguous_split(g: Graph, k: int, what: str, order: np.ndarray | None = None,
-                     members: np.ndarray | None = None) -> np.ndarray:
+def contiguous_split(
+    g: Graph, k: int, what: str, order: np.ndarray | None = None, members: np.ndarray | None = None
+) -> np.ndarray:
     """Block of every node for the ``what`` baseline over ``order`` (default: topological)."""
     order = g.topo_order if order is None else np.asarray(order)
     w = node_weights(g, what, members)[order]

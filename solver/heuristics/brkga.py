@@ -51,7 +51,7 @@ def brkga(
     n_el = max(1, int(round(opts.elite * P)))
     n_mu = max(0, min(P - n_el, int(round(opts.mutants * P))))
     pop = rng.random((P, g.n))
-    for i, order in enumerate(list(seeds)[: P]):
+    for i, order in enumerate(list(seeds)[:P]):
         keys = np.empty(g.n)
         keys[order] = np.arange(g.n) / g.n
         pop[i] = keys
@@ -76,12 +76,19 @@ def brkga(
         elite, rest = pop[rank[:n_el]], pop[rank[n_el:]]
         n_x = P - n_el - n_mu
         pa = elite[rng.integers(0, n_el, n_x)]
-        pb = rest[rng.integers(0, len(rest), n_x)] if len(rest) else elite[rng.integers(0, n_el, n_x)]
+        pb = (
+            rest[rng.integers(0, len(rest), n_x)]
+            if len(rest)
+            else elite[rng.integers(0, n_el, n_x)]
+        )
         mask = rng.random((n_x, g.n)) < opts.bias
         kids = np.where(mask, pa, pb)
         mut = rng.random((n_mu, g.n))
         new = np.concatenate([kids, mut])
         pop = np.concatenate([elite, new])
         fit = np.concatenate([fit[rank[:n_el]], [decode(ind) for ind in new]])
-    return best_val, best_a, {"decodes": decodes, "generations": gen,
-                              "seconds": round(time.perf_counter() - t0, 3)}
+    return (
+        best_val,
+        best_a,
+        {"decodes": decodes, "generations": gen, "seconds": round(time.perf_counter() - t0, 3)},
+    )

@@ -33,8 +33,9 @@ class SegmentCoster:
         ncons = np.diff(g.t_ptr)
         # per node: tensors produced (tensor, io seconds, consumer count)
         self.out = [[] for _ in range(g.n)]
-        for t, (p, s, c) in enumerate(zip(g.t_producer.tolist(), (g.t_size / B).tolist(),
-                                           ncons.tolist(), strict=True)):
+        for t, (p, s, c) in enumerate(
+            zip(g.t_producer.tolist(), (g.t_size / B).tolist(), ncons.tolist(), strict=True)
+        ):
             if c:
                 self.out[p].append((t, s, c))
         # per node: tensors consumed (tensor, producer, io seconds, consumer count)
@@ -107,7 +108,7 @@ class SegmentCoster:
     @property
     def cost(self) -> float:
         over = 0.0
-        if self.M != math.inf:
+        if math.inf != self.M:
             over = max(0.0, self.params + self.peak - self.M) / self.Bm
         return self.io_in + self.w + over + self.io_out
 

@@ -25,7 +25,9 @@ def read_json(path: Path) -> object:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise MtppError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise MtppError(
+            f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from None
 
 
 def load_graph(path: str | Path, **onnx_options) -> Graph:

@@ -50,7 +50,11 @@ def from_dict(data: dict, name: str, where: str) -> Graph:
         raise MtppError(f"{where}: node id {dup!r} appears more than once")
     index = {x: i for i, x in enumerate(ids)}
     raw = [str(nd.get("name", nd["id"])) for nd in nodes]
-    names = raw if len(set(raw)) == len(raw) else [f"{r}@{nd['id']}" for r, nd in zip(raw, nodes, strict=True)]
+    names = (
+        raw
+        if len(set(raw)) == len(raw)
+        else [f"{r}@{nd['id']}" for r, nd in zip(raw, nodes, strict=True)]
+    )
     work = [float(nd["fpgaLatency"]) for nd in nodes]
     backward = np.array([bool(nd.get("isBackwardNode", 0)) for nd in nodes])
 

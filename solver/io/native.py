@@ -1,11 +1,11 @@
 """The native mtpp graph JSON format (documented in docs/graph-format.md).
 
-    {"format": "mtpp-graph", "version": 1, "name": "toy",
-     "cluster": {"devices": 2, "link_bandwidth": "1GB/s"},           (optional hints)
-     "nodes": [{"name": "a", "work": 0.001, "sizeout": 4096}, ...],   (act, flops, op_type optional)
-     "edges": [["a", "b"], {"from": "b", "to": "c", "ordered": false}],
-     "params": [{"name": "w", "bytes": 1024, "users": ["a", "c"]}],
-     "colocate": [["a", "c"]]}
+{"format": "mtpp-graph", "version": 1, "name": "toy",
+ "cluster": {"devices": 2, "link_bandwidth": "1GB/s"},           (optional hints)
+ "nodes": [{"name": "a", "work": 0.001, "sizeout": 4096}, ...],   (act, flops, op_type optional)
+ "edges": [["a", "b"], {"from": "b", "to": "c", "ordered": false}],
+ "params": [{"name": "w", "bytes": 1024, "users": ["a", "c"]}],
+ "colocate": [["a", "c"]]}
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
         loc = ".".join(str(x) for x in err["loc"])
         raise MtppError(f"{where}: key {loc!r}: {err['msg']}") from None
     if f.version != VERSION:
-        raise MtppError(f"{where}: graph format version {f.version} is not supported (use {VERSION})")
+        raise MtppError(
+            f"{where}: graph format version {f.version} is not supported (use {VERSION})"
+        )
     names = [n.name for n in f.nodes]
     index: dict[str, int] = {}
     for i, nm in enumerate(names):
@@ -90,7 +92,9 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
         s, d, o = (e.src, e.dst, e.ordered) if isinstance(e, _Edge) else (e[0], e[1], True)
         edges.append((idx(s, "an edge"), idx(d, "an edge")))
         ordered.append(o)
-    params = [(p.name, p.bytes, [idx(u, f"parameter {p.name!r}") for u in p.users]) for p in f.params]
+    params = [
+        (p.name, p.bytes, [idx(u, f"parameter {p.name!r}") for u in p.users]) for p in f.params
+    ]
     coloc = [[idx(u, "a co-location group") for u in grp] for grp in f.colocate]
     has_act = [n.act is not None for n in f.nodes]
     if any(has_act) and not all(has_act):
