@@ -380,7 +380,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     )
     plan = solve(g, cluster, args.method, opts)
     if plan is None:
-        raise MtppError(f"no valid plan exists for {g.name!r} on this cluster")
+        raise MtppError(infeasible_message(g, cluster))
     if args.out:
         save_plan(plan, args.out)
     if args.json:
@@ -394,6 +394,22 @@ def cmd_solve(args: argparse.Namespace) -> int:
         if args.out:
             _console().print(f"plan written to {args.out}")
     return 0
+
+
+def infeasible_message(g, cluster) -> str:
+    """Why no plan exists: name the memory that does not fit."""
+    from solver.units import format_bytes
+
+    cap = cluster.capacity
+    need = g.param_bytes_total
+    text = f"proven: no valid plan of {g.name!r} exists on {cluster.devices} device(s)"
+    if cap is not None:
+        text += (
+            f"; the device capacity {format_bytes(cap)} cannot hold the parameters "
+            f"({format_bytes(need)} in total) and activations of any split; use more devices "
+            "(--devices) or a cluster with more memory"
+        )
+    return text
 
 
 COMMANDS = {"inspect": cmd_inspect, "evaluate": cmd_evaluate, "solve": cmd_solve}

@@ -81,16 +81,15 @@ def quick_assignment(g: Graph, cluster: Cluster) -> tuple[float, np.ndarray | No
     from solver.cost import evaluate
     from solver.heuristics.baselines import contiguous_split
     from solver.heuristics.orders import depth_first_order
-    from solver.heuristics.slicing import SegmentCoster, slice_order
+    from solver.heuristics.slicing import slice_order
 
     cg, labels = coarse_view(g)
     best, best_a = math.inf, None
     base = contiguous_split(cg, cluster.devices, "time")
     if not any(v.kind == "capacity" for v in validate(cg, cluster, base)):
         best, best_a = evaluate(cg, cluster, base).objective, base
-    cs = SegmentCoster(cg, cluster)
     for order in (cg.topo_order, depth_first_order(cg)):
-        val, a = slice_order(cg, cluster, order, upper=best, coster=cs)
+        val, a = slice_order(cg, cluster, order)
         if a is not None and val < best:
             best, best_a = val, a
     if best_a is None:
@@ -102,7 +101,6 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
     """SliceGraph: optimal slicing of topological orders searched by BRKGA."""
     from solver.heuristics.brkga import BrkgaOptions, brkga
     from solver.heuristics.orders import depth_first_order
-    from solver.heuristics.slicing import SegmentCoster
 
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
@@ -116,8 +114,7 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
         seed=opts.seed,
         time_limit=opts.time_limit,
     )
-    cs = SegmentCoster(cg, cluster)
-    val, ca, stats = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)], coster=cs)
+    val, ca, stats = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
     if ca is None:
         raise MtppError(
             f"slicegraph found no plan of {g.name!r} that fits the device capacity; "

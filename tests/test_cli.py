@@ -132,3 +132,17 @@ def test_help_has_examples(capsys):
         main(["solve", "--help"])
     out = capsys.readouterr().out
     assert ex.value.code == 0 and "examples:" in out and "--time-limit" in out
+
+
+def test_infeasible_capacity_message(tmp_path, capsys):
+    g = dict(
+        GRAPH,
+        cluster={"devices": 2, "capacity": "15B"},
+        params=[{"name": f"w{i}", "bytes": 10, "users": [n]} for i, n in enumerate("abc")],
+    )
+    p = tmp_path / "tight.json"
+    p.write_text(json.dumps(g))
+    code, out, err = run(capsys, "solve", p)
+    assert code == 2 and "proven: no valid plan" in err and "--devices" in err
+    code, out, err = run(capsys, "solve", p, "--devices", "3", "--json")
+    assert code == 0 and json.loads(out)["status"] == "OPTIMAL"

@@ -437,7 +437,10 @@ def solve_cpsat(
         return None
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if hint is None:
-            return None
+            raise MtppError(
+                f"no plan found within the time limit ({opts.time_limit:g} s) and no heuristic "
+                "plan fits either; raise --time-limit"
+            )
         a = hint
         bound = None
     else:

@@ -19,7 +19,7 @@ import numpy as np
 from solver.cluster import Cluster
 from solver.graph import Graph
 from solver.heuristics.orders import priority_order
-from solver.heuristics.slicing import SegmentCoster, slice_order
+from solver.heuristics.slicing import slice_order
 
 
 @dataclass
@@ -38,14 +38,12 @@ def brkga(
     cluster: Cluster,
     opts: BrkgaOptions,
     seeds: list[np.ndarray] = (),
-    coster: SegmentCoster | None = None,
 ) -> tuple[float, np.ndarray | None, dict]:
     """Best (bottleneck, assignment) over the decoded orders, and search statistics.
 
     ``seeds`` are orders to inject into the first population (as keys = their positions).
     """
     rng = np.random.default_rng(opts.seed)
-    cs = coster or SegmentCoster(g, cluster)
     t0 = time.perf_counter()
     P = max(2, opts.population)
     n_el = max(1, int(round(opts.elite * P)))
@@ -60,9 +58,11 @@ def brkga(
 
     def decode(keys: np.ndarray) -> float:
         nonlocal best_val, best_a, decodes
+        if decodes >= 1 and time.perf_counter() - t0 > opts.time_limit:
+            return math.inf  # out of time: leave the rest of the population unevaluated
         decodes += 1
         upper = 2 * best_val if math.isfinite(best_val) else math.inf
-        val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper, coster=cs)
+        val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper)
         if a is not None and val < best_val:
             best_val, best_a = val, a
         return val

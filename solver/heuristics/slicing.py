@@ -3,12 +3,20 @@
 SliceGraph's inner step (Archer et al., ICML 2024): any plan with an acyclic quotient is a
 slicing of some topological order, and for a fixed order the best slicing is a dynamic program
 
-    best[j][i] = min over t < i of max(best[j-1][t], f(order[t:i])).
+    best[j][e] = min over s < e of max(best[j-1][s], f(order[s:e])).
 
-f of a segment is computed incrementally while the segment grows (io counted exactly, also when
-a segment feeds a non-adjacent one). Segments whose work alone exceeds a known upper bound are
-never needed, so each start only sweeps a window; segments over the hard capacity stop the sweep
-(params and peak only grow).
+f of a segment depends only on its node set, so io is counted exactly, also when a segment
+feeds a non-adjacent one. The DP runs row by row (segment end e), vectorised over the starts s:
+
+- io: for a fixed e, a tensor with producer position P and consumer positions Q adds its io time
+  to the starts s in at most two intervals: it is *sent* when P is in [s, e) and some consumer
+  is not, and *received* when P is outside and some consumer is inside. The intervals only change
+  when e passes P or a consumer, so a difference array over s is updated at O(#consumers)
+  events per tensor and one cumulative sum gives io(s, e) for every start.
+- parameters likewise (a weight counts when some user lies in [s, e)); work from prefix sums;
+  peak as a reverse running maximum; the DP step for every j at once is one 2-D minimum.
+- Starts whose segment work alone exceeds an upper bound are never needed, so each row only
+  looks at a window. The bound doubles until a slicing is found (f >= work keeps it exact).
 """
 
 from __future__ import annotations
@@ -21,96 +29,47 @@ from solver.cluster import Cluster
 from solver.graph import Graph
 
 
-class SegmentCoster:
-    """Incremental f(S) for a growing segment of nodes; :meth:`reset` starts a new segment."""
+class _Intervals:
+    """A difference array over starts s with a running prefix ``base`` = sum of D[:lo]."""
 
-    def __init__(self, g: Graph, cluster: Cluster):
-        self.g = g
-        B = cluster.link_bandwidth
-        self.M = cluster.fast_memory
-        self.Bm = cluster.slow_memory_bandwidth
-        self.cap = math.inf if cluster.capacity is None else cluster.capacity * (1 + 1e-12)
-        ncons = np.diff(g.t_ptr)
-        # per node: tensors produced (tensor, io seconds, consumer count)
-        self.out = [[] for _ in range(g.n)]
-        for t, (p, s, c) in enumerate(
-            zip(g.t_producer.tolist(), (g.t_size / B).tolist(), ncons.tolist(), strict=True)
-        ):
-            if c:
-                self.out[p].append((t, s, c))
-        # per node: tensors consumed (tensor, producer, io seconds, consumer count)
-        self.inp = [[] for _ in range(g.n)]
-        io = (g.t_size / B).tolist()
-        prod = g.t_producer.tolist()
-        ncl = ncons.tolist()
-        for t, c in zip(g.pair_tensor.tolist(), g.t_cons.tolist(), strict=True):
-            self.inp[c].append((t, prod[t], io[t], ncl[t]))
-        self.par = [[] for _ in range(g.n)]
-        for p, u in zip(g.pair_param.tolist(), g.p_users.tolist(), strict=True):
-            self.par[u].append((p, float(g.p_size[p])))
-        self.work = g.work.tolist()
-        self.act = g.act.tolist()
-        self.cnt = [0] * g.num_tensors
-        self.pcnt = [0] * g.num_params
-        self.inside = [False] * g.n
-        self.reset()
+    def __init__(self, n: int):
+        self.D = np.zeros(n + 2)
+        self.lo = 0
+        self.base = 0.0
 
-    def reset(self) -> None:
-        for t in getattr(self, "_touched_t", ()):
-            self.cnt[t] = 0
-        for p in getattr(self, "_touched_p", ()):
-            self.pcnt[p] = 0
-        for v in getattr(self, "_members", ()):
-            self.inside[v] = False
-        self._touched_t: list[int] = []
-        self._touched_p: list[int] = []
-        self._members: list[int] = []
-        self.w = 0.0
-        self.io_in = 0.0
-        self.io_out = 0.0
-        self.params = 0.0
-        self.peak = 0.0
+    def add(self, a: int, b: int, w: float) -> None:
+        """Add w to every start in [a, b] (inclusive)."""
+        if a > b:
+            return
+        self.D[a] += w
+        self.D[b + 1] -= w
+        if a < self.lo:
+            self.base += w
+        if b + 1 < self.lo:
+            self.base -= w
 
-    def add(self, v: int) -> None:
-        """Put node v into the segment."""
-        self._members.append(v)
-        self.inside[v] = True
-        self.w += self.work[v]
-        if self.act[v] > self.peak:
-            self.peak = self.act[v]
-        cnt = self.cnt
-        for p, s in self.par[v]:
-            if self.pcnt[p] == 0:
-                self.params += s
-                self._touched_p.append(p)
-            self.pcnt[p] += 1
-        for t, s, c in self.out[v]:
-            k = cnt[t]
-            if k:  # was received from outside; now produced inside
-                self.io_in -= s
-            if k < c:
-                self.io_out += s
-        for t, u, s, c in self.inp[v]:
-            k = cnt[t] + 1
-            cnt[t] = k
-            if k == 1:
-                self._touched_t.append(t)
-            if self.inside[u]:
-                if k == c:
-                    self.io_out -= s
-            elif k == 1:
-                self.io_in += s
+    def row(self, lo: int, e: int) -> np.ndarray:
+        """Values at starts lo..e-1 (``lo`` never decreases between calls)."""
+        if lo > self.lo:
+            self.base += float(self.D[self.lo : lo].sum())
+            self.lo = lo
+        return self.base + np.cumsum(self.D[lo:e])
 
-    @property
-    def memory(self) -> float:
-        return self.params + self.peak
 
-    @property
-    def cost(self) -> float:
-        over = 0.0
-        if math.inf != self.M:
-            over = max(0.0, self.params + self.peak - self.M) / self.Bm
-        return self.io_in + self.w + over + self.io_out
+def _tensor_intervals(e: int, P: int, minq: int, maxq: int, mq: int) -> list[tuple[int, int]]:
+    """Starts s (inclusive ranges) whose segment [s, e) pays this tensor's io."""
+    out: list[tuple[int, int]] = []
+    if e <= P:  # producer beyond the segment end: received when a consumer is inside
+        if mq >= 0:
+            out.append((0, mq))
+        return out
+    if maxq >= e:  # a consumer beyond the end: sent whenever the producer is inside
+        out.append((0, P))
+    elif minq + 1 <= P:  # consumers before the producer (data-only edges)
+        out.append((minq + 1, P))
+    if mq >= P + 1:  # producer before the start, a consumer inside
+        out.append((P + 1, mq))
+    return out
 
 
 def slice_order(
@@ -119,71 +78,135 @@ def slice_order(
     order: np.ndarray,
     k: int | None = None,
     upper: float = math.inf,
-    coster: SegmentCoster | None = None,
 ) -> tuple[float, np.ndarray | None]:
     """Best slicing of ``order`` into at most k contiguous blocks.
 
-    Returns (bottleneck, assignment) or (inf, None) when no slicing fits the capacity (or none
-    beats ``upper``). ``upper`` must be >= the best slicing's cost for the result to be optimal
-    for this order; it only prunes.
+    Returns (bottleneck, assignment), or (inf, None) when no slicing fits the capacity. With a
+    finite ``upper``, returns (inf, None) as soon as it is clear that no slicing costs at most
+    ``upper`` (a cheap rejection for searches that only want improvements).
     """
     k = cluster.devices if k is None else k
-    n = g.n
     order = np.asarray(order, dtype=np.int64)
-    cs = coster or SegmentCoster(g, cluster)
     W = np.concatenate([[0.0], np.cumsum(g.work[order])])
-    lim = upper * (1 + 1e-9) if math.isfinite(upper) else math.inf
+    total = float(W[-1])
+    if math.isfinite(upper):
+        val, a = _slice(g, cluster, order, k, upper * (1 + 1e-9), W)
+        return (val, a) if a is not None and val <= upper * (1 + 1e-9) else (math.inf, None)
+    # the window is exact when the result is within it: every segment of a better slicing has
+    # work <= f <= result; otherwise widen it to the result (or double it) and run again
+    lim = max(1.5 * total / k, float(g.work.max(initial=0.0)))
+    while True:
+        val, a = _slice(g, cluster, order, k, lim * (1 + 1e-9), W)
+        if (a is not None and val <= lim * (1 + 1e-9)) or lim >= total:
+            return val, a
+        lim = min(val if a is not None else 2 * lim, total) if lim > 0 else total
+
+
+def _slice(
+    g: Graph, cluster: Cluster, order: np.ndarray, k: int, lim: float, W: np.ndarray
+) -> tuple[float, np.ndarray | None]:
+    """One DP pass considering only segments whose work is at most ``lim``."""
+    n = g.n
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    B = cluster.link_bandwidth
+    M = cluster.fast_memory
+    Bm = cluster.slow_memory_bandwidth
+    cap = math.inf if cluster.capacity is None else cluster.capacity * (1 + 1e-12)
+    act = g.act[order]
+
+    # ---- io events: (row e at which the event applies, tensor)
+    ncons = np.diff(g.t_ptr)
+    live = np.flatnonzero((ncons > 0) & (g.t_size > 0))
+    P = pos[g.t_producer]
+    qpos = pos[g.t_cons]
+    pt = g.pair_tensor
+    minq = np.full(g.num_tensors, n, dtype=np.int64)
+    maxq = np.full(g.num_tensors, -1, dtype=np.int64)
+    np.minimum.at(minq, pt, qpos)
+    np.maximum.at(maxq, pt, qpos)
+    keep_pair = np.isin(pt, live)
+    ev_e = np.concatenate([P[live] + 1, qpos[keep_pair] + 1])
+    ev_t = np.concatenate([live, pt[keep_pair]])
+    ev_q = np.concatenate([np.full(len(live), -1), qpos[keep_pair]])
+    srt = np.lexsort((ev_t, ev_e))
+    ev_e, ev_t, ev_q = ev_e[srt].tolist(), ev_t[srt].tolist(), ev_q[srt].tolist()
+    io = (g.t_size / B).tolist()
+    P_l, minq_l, maxq_l = P.tolist(), minq.tolist(), maxq.tolist()
+    mq = [-1] * g.num_tensors
+    cur: dict[int, list[tuple[int, int]]] = {}
+
+    # ---- parameter events: a weight counts for starts <= its last user before e
+    use_mem = math.isfinite(M) or math.isfinite(cap)
+    pv_e, pv_p, pv_u = [], [], []
+    if use_mem and g.num_params:
+        upos = pos[g.p_users]
+        s2 = np.lexsort((g.pair_param, upos))
+        pv_e = (upos[s2] + 1).tolist()
+        pv_p = g.pair_param[s2].tolist()
+        pv_u = upos[s2].tolist()
+    psize = g.p_size.tolist()
+    mu = [-1] * g.num_params
+
+    D_io = _Intervals(n)
+    D_par = _Intervals(n)
     best = np.full((k + 1, n + 1), math.inf)
-    parent = np.full((k + 1, n + 1), -1, dtype=np.int64)
+    parent = np.zeros((k + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0
-    order_l = order.tolist()
-    for t in range(n):
-        prev = best[:k, t]
-        if not np.isfinite(prev).any():
-            continue
-        cs.reset()
-        F: list[float] = []
-        for i in range(t, n):
-            cs.add(order_l[i])
-            if cs.memory > cs.cap:
-                break
-            F.append(cs.cost)
-            if W[i + 1] - W[t] > lim:
-                break
-        if not F:
-            continue
-        Fa = np.asarray(F)
-        ends = np.arange(t + 1, t + 1 + len(F))
-        for j in range(1, k + 1):
-            pv = best[j - 1, t]
-            if not math.isfinite(pv):
-                continue
-            cand = np.maximum(pv, Fa)
-            cur = best[j, ends]
-            better = cand < cur
-            if better.any():
-                best[j, ends[better]] = cand[better]
-                parent[j, ends[better]] = t
+    ie = ip = 0
+    n_ev, n_pv = len(ev_e), len(pv_e)
+    for e in range(1, n + 1):
+        while ie < n_ev and ev_e[ie] == e:
+            t, q = ev_t[ie], ev_q[ie]
+            if q >= 0:
+                mq[t] = q
+            new = _tensor_intervals(e, P_l[t], minq_l[t], maxq_l[t], mq[t])
+            old = cur.get(t, [])
+            if new != old:
+                w = io[t]
+                for a, b in old:
+                    D_io.add(a, b, -w)
+                for a, b in new:
+                    D_io.add(a, b, w)
+                cur[t] = new
+            ie += 1
+        while ip < n_pv and pv_e[ip] == e:
+            p, u = pv_p[ip], pv_u[ip]
+            if mu[p] >= 0:
+                D_par.add(0, mu[p], -psize[p])
+            D_par.add(0, u, psize[p])
+            mu[p] = u
+            ip += 1
+        lo = int(np.searchsorted(W, W[e] - lim, side="left"))
+        lo = min(lo, e - 1)
+        f = (W[e] - W[lo:e]) + D_io.row(lo, e)
+        if use_mem:
+            mem = D_par.row(lo, e) + np.maximum.accumulate(act[lo:e][::-1])[::-1]
+            if math.isfinite(M):
+                f = f + np.maximum(0.0, mem - M) / Bm
+            f[mem > cap] = math.inf
+        cand = np.maximum(best[:k, lo:e], f[None, :])
+        arg = cand.argmin(axis=1)
+        best[1:, e] = cand[np.arange(k), arg]
+        parent[1:, e] = lo + arg
     j = int(np.argmin(best[:, n]))
     val = float(best[j, n])
     if not math.isfinite(val):
         return math.inf, None
     a = np.empty(n, dtype=np.int64)
-    i, blk = n, j - 1
-    while i > 0:
-        t = int(parent[j, i])
-        a[order[t:i]] = blk
-        i, j, blk = t, j - 1, blk - 1
-    # blocks are numbered from 0; shift so the first used block is 0
-    a -= a.min()
+    e, blk = n, j - 1
+    while e > 0:
+        s = int(parent[j, e])
+        a[order[s:e]] = blk
+        e, j, blk = s, j - 1, blk - 1
     return val, a
 
 
 def linear_partition(weights: np.ndarray, k: int) -> np.ndarray:
-    """Cut points splitting ``weights`` into at most k contiguous parts, minimising the largest sum.
+    """Split ``weights`` into at most k contiguous parts minimising the largest sum (exact).
 
-    Exact for non-negative weights: binary search over the candidate maxima (prefix-sum
-    differences) with a greedy feasibility check. Returns the part index of every element.
+    Binary search over the value with a greedy feasibility check (non-negative weights).
+    Returns the part index of every element.
     """
     w = np.asarray(weights, dtype=np.float64)
     n = len(w)
@@ -207,7 +230,6 @@ def linear_partition(weights: np.ndarray, k: int) -> np.ndarray:
         return out if part <= k else None
 
     lo, hi = float(w.max()), float(P[-1])
-    # binary search on the value, then snap to the exact attained maximum
     for _ in range(100):
         if hi - lo <= 1e-12 * max(1.0, hi):
             break
