@@ -58,8 +58,9 @@ def brkga(
 
     def decode(keys: np.ndarray) -> float:
         nonlocal best_val, best_a, decodes
-        if decodes >= 1 and time.perf_counter() - t0 > opts.time_limit:
-            return math.inf  # out of time: leave the rest of the population unevaluated
+        elapsed = time.perf_counter() - t0
+        if decodes >= 1 and elapsed * (decodes + 1) / decodes > opts.time_limit:
+            return math.inf  # another decode would overrun: leave the rest unevaluated
         decodes += 1
         upper = 2 * best_val if math.isfinite(best_val) else math.inf
         val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper)
