@@ -48,11 +48,13 @@ def one_node_flops(tmp_path, node, inputs, inits=(), opset=17) -> float:
 
 # ---------------------------------------------------------------- FLOP formulas, by hand
 def test_conv_groups_dilation_bias(tmp_path):
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="c", group=2, dilations=[2, 2],
-                            pads=[2, 2, 2, 2])
+    node = helper.make_node(
+        "Conv", ["x", "w", "b"], ["y"], name="c", group=2, dilations=[2, 2], pads=[2, 2, 2, 2]
+    )
     # x [1, 4, 8, 8], w [6, 2, 3, 3] (groups 2), dilation 2 with pad 2 keeps 8x8
-    fl = one_node_flops(tmp_path, node, [vi("x", [1, 4, 8, 8])],
-                        [init("w", [6, 2, 3, 3]), init("b", [6])])
+    fl = one_node_flops(
+        tmp_path, node, [vi("x", [1, 4, 8, 8])], [init("w", [6, 2, 3, 3]), init("b", [6])]
+    )
     out = 1 * 6 * 8 * 8
     assert fl == 2 * out * 2 * 9 + out
 
@@ -86,8 +88,10 @@ def test_einsum_contraction_and_ellipsis(tmp_path):
 def test_attention_opset23(tmp_path):
     node = helper.make_node("Attention", ["q", "k", "v"], ["y"], name="att")
     fl = one_node_flops(
-        tmp_path, node,
-        [vi("q", [1, 2, 8, 16]), vi("k", [1, 2, 10, 16]), vi("v", [1, 2, 10, 16])], opset=23,
+        tmp_path,
+        node,
+        [vi("q", [1, 2, 8, 16]), vi("k", [1, 2, 10, 16]), vi("v", [1, 2, 10, 16])],
+        opset=23,
     )
     assert fl == 2 * 2 * 8 * 10 * (16 + 16) + 5 * 2 * 8 * 10
 
@@ -106,8 +110,9 @@ def test_attention_opset23(tmp_path):
 def test_per_element_ops(tmp_path, op, attrs, extra_inits, per_elem):
     names = ["x"] + [n for n, _ in extra_inits]
     node = helper.make_node(op, names, ["y"], name="op", **attrs)
-    fl = one_node_flops(tmp_path, node, [vi("x", [2, 3, 4, 8])],
-                        [init(n, s) for n, s in extra_inits])
+    fl = one_node_flops(
+        tmp_path, node, [vi("x", [2, 3, 4, 8])], [init(n, s) for n, s in extra_inits]
+    )
     assert fl == per_elem * 2 * 3 * 4 * 8
 
 
@@ -119,16 +124,14 @@ def test_elementwise_broadcast_counts_output(tmp_path):
 
 
 def test_pooling_resize_reduce(tmp_path):
-    node = helper.make_node("MaxPool", ["x"], ["y"], name="mp", kernel_shape=[3, 3],
-                            strides=[2, 2])
+    node = helper.make_node("MaxPool", ["x"], ["y"], name="mp", kernel_shape=[3, 3], strides=[2, 2])
     assert one_node_flops(tmp_path, node, [vi("x", [1, 2, 9, 9])]) == (2 * 4 * 4) * 9
     node = helper.make_node("GlobalAveragePool", ["x"], ["y"], name="gap")
     assert one_node_flops(tmp_path, node, [vi("x", [1, 2, 9, 9])]) == 2 * 81
     node = helper.make_node("ReduceMean", ["x"], ["y"], name="rm", keepdims=0)
     assert one_node_flops(tmp_path, node, [vi("x", [3, 7])]) == 21
     node = helper.make_node("Resize", ["x", "", "sc"], ["y"], name="rs", mode="linear")
-    fl = one_node_flops(tmp_path, node, [vi("x", [1, 1, 4, 4])],
-                        [init("sc", [4], 1.0)])
+    fl = one_node_flops(tmp_path, node, [vi("x", [1, 1, 4, 4])], [init("sc", [4], 1.0)])
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "sc")
     fl = one_node_flops(tmp_path, node, [vi("x", [1, 1, 4, 4])], [scales])
     assert fl == (8 * 8) * 2 * 4
@@ -142,23 +145,34 @@ def test_unknown_op_warns_once_and_counts_zero(tmp_path):
 
 # ---------------------------------------------------------------- parameters
 def test_three_parameter_storage_styles_and_shared_entity(tmp_path):
-    const_w = helper.make_node("Constant", [], ["cw"], name="k",
-                               value=numpy_helper.from_array(np.ones((4, 4), np.float32)))
+    const_w = helper.make_node(
+        "Constant", [], ["cw"], name="k", value=numpy_helper.from_array(np.ones((4, 4), np.float32))
+    )
     shape = numpy_helper.from_array(np.array([4, 4], np.int64), "shp")
-    cos = helper.make_node("ConstantOfShape", ["shp"], ["sw"], name="cos",
-                           value=numpy_helper.from_array(np.array([0.1], np.float32)))
+    cos = helper.make_node(
+        "ConstantOfShape",
+        ["shp"],
+        ["sw"],
+        name="cos",
+        value=numpy_helper.from_array(np.array([0.1], np.float32)),
+    )
     nodes = [
         const_w,
         cos,
-        helper.make_node("MatMul", ["x", "iw"], ["a"], name="m1"),   # initializer
-        helper.make_node("MatMul", ["a", "cw"], ["b"], name="m2"),   # Constant node
-        helper.make_node("MatMul", ["b", "sw"], ["c"], name="m3"),   # ConstantOfShape
-        helper.make_node("MatMul", ["c", "iw"], ["d"], name="m4"),   # iw shared with m1
-        helper.make_node("Reshape", ["d", "rs"], ["e"], name="r"),    # shape-only constant
+        helper.make_node("MatMul", ["x", "iw"], ["a"], name="m1"),  # initializer
+        helper.make_node("MatMul", ["a", "cw"], ["b"], name="m2"),  # Constant node
+        helper.make_node("MatMul", ["b", "sw"], ["c"], name="m3"),  # ConstantOfShape
+        helper.make_node("MatMul", ["c", "iw"], ["d"], name="m4"),  # iw shared with m1
+        helper.make_node("Reshape", ["d", "rs"], ["e"], name="r"),  # shape-only constant
         helper.make_node("Relu", ["e"], ["y"], name="relu"),
     ]
-    path = save(tmp_path, nodes, [vi("x", [2, 4])], [vi("y", [8])],
-                [init("iw", [4, 4]), shape, numpy_helper.from_array(np.array([8], np.int64), "rs")])
+    path = save(
+        tmp_path,
+        nodes,
+        [vi("x", [2, 4])],
+        [vi("y", [8])],
+        [init("iw", [4, 4]), shape, numpy_helper.from_array(np.array([8], np.int64), "rs")],
+    )
     g = load_graph(path)
     sizes = {g.p_names[p]: g.p_size[p] for p in range(g.num_params)}
     assert sizes == {"iw": 64.0, "cw": 64.0, "sw": 64.0}
@@ -168,19 +182,47 @@ def test_three_parameter_storage_styles_and_shared_entity(tmp_path):
     # constants and views are folded away; the model input is a source node
     assert set(g.names) == {"input:x", "m1", "m2", "m3", "m4", "relu"}
     # the reshape is a view: relu reads m4's output directly
-    src, dst = g.data_edges
-    assert (g.names.index("m4"), g.names.index("relu")) in set(zip(src.tolist(), dst.tolist()))
+    edges = set(zip(*(e.tolist() for e in g.data_edges), strict=True))
+    assert (g.names.index("m4"), g.names.index("relu")) in edges
     assert g.sizeout[g.names.index("m4")] == 2 * 4 * 4
+
+
+def test_scalars_indices_and_masks_are_not_weights(tmp_path):
+    nodes = [
+        helper.make_node("Mul", ["x", "half"], ["a"], name="scale"),  # float scalar
+        helper.make_node("Gather", ["x", "idx"], ["b"], name="pick", axis=1),  # int64 indices
+        helper.make_node("Where", ["mask", "b", "zero"], ["y"], name="where"),  # bool mask
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        numpy_helper.from_array(np.array([0, 2], np.int64), "idx"),
+        numpy_helper.from_array(np.array([True, False]), "mask"),
+        numpy_helper.from_array(np.zeros(2, np.float32), "zero"),
+    ]
+    path = save(tmp_path, nodes, [vi("x", [1, 4])], [vi("y", [1, 2]), vi("a", [1, 4])], inits)
+    g = load_graph(path)
+    assert list(g.p_names) == ["zero"] and g.param_bytes_total == 8
 
 
 def test_external_data_sizes_without_reading_weights(tmp_path):
     w = numpy_helper.from_array(np.ones((256, 256), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-                              [vi("x", [1, 256])], [vi("y", [1, 256])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [vi("x", [1, 256])],
+        [vi("y", [1, 256])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "ext.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="weights.bin", size_threshold=0)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     (tmp_path / "weights.bin").write_bytes(b"")  # the bytes are gone: sizes must come from dims
     g = load_graph(path)
     assert g.param_bytes_total == 256 * 256 * 4
@@ -193,8 +235,13 @@ def test_external_data_outside_folder_is_refused(tmp_path, location):
     w.data_location = TensorProto.EXTERNAL
     w.external_data.add(key="location", value=location)
     w.ClearField("float_data")
-    path = save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
-                [vi("x", [1, 4])], [vi("y", [1, 4])], [w])
+    path = save(
+        tmp_path,
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", [1, 4])],
+        [vi("y", [1, 4])],
+        [w],
+    )
     with pytest.raises(MtppError, match="outside the model's folder"):
         load_graph(path)
 
@@ -202,8 +249,9 @@ def test_external_data_outside_folder_is_refused(tmp_path, location):
 # ---------------------------------------------------------------- shapes and dims
 def test_dims_fixed_from_option_and_batch_default(tmp_path):
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
-    path = save(tmp_path, [node], [vi("x", ["batch", "seq", 8])], [vi("y", None)],
-                [init("w", [8, 8])])
+    path = save(
+        tmp_path, [node], [vi("x", ["batch", "seq", 8])], [vi("y", None)], [init("w", [8, 8])]
+    )
     with pytest.raises(MtppError, match=r"unknown input dimensions: x axis 1 \('seq'\).*--dim"):
         load_graph(path)
     g = load_graph(path, dims={"seq": 5})
@@ -213,15 +261,12 @@ def test_dims_fixed_from_option_and_batch_default(tmp_path):
 
 
 def test_control_flow_is_one_opaque_node(tmp_path):
-    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
-                               [vi("t", [4])])
-    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
-                               [vi("e", [4])])
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [vi("t", [4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", [4])])
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
         helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
-        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g,
-                         else_branch=else_g),
+        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
     ]
     zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
     path = save(tmp_path, nodes, [vi("x", [4])], [vi("y", [4])], [zero])
@@ -293,6 +338,7 @@ def test_every_zoo_model_imports_and_solves():
             warnings.simplefilter("error")  # no unknown ops in the zoo
             g = load_graph(path)
         assert g.flops.sum() > 0 and g.param_bytes_total > 0
-        plan = solve(g, load_cluster("ipu-pod", devices=4), "slicegraph",
-                     SolveOptions(time_limit=2))
+        plan = solve(
+            g, load_cluster("ipu-pod", devices=4), "slicegraph", SolveOptions(time_limit=2)
+        )
         assert plan.objective >= plan.lower_bound

@@ -24,7 +24,6 @@ Steps (each a function below):
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
@@ -41,13 +40,36 @@ VIEW_OPS = {"Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 CONTROL_FLOW = {"If", "Loop", "Scan"}
 # inputs that carry shapes, axes, indices or scalars of the op, never weights
 SHAPE_INPUTS = {
-    "Reshape": {1}, "Expand": {1}, "Tile": {1}, "ConstantOfShape": {0}, "Slice": {1, 2, 3, 4},
-    "Unsqueeze": {1}, "Squeeze": {1}, "Pad": {1, 2, 3}, "Resize": {1, 2, 3}, "Upsample": {1},
-    "TopK": {1}, "Range": {0, 1, 2}, "OneHot": {1, 2}, "Split": {1}, "CumSum": {1},
-    "Clip": {1, 2}, "Trilu": {1}, "Dropout": {1, 2}, "ReduceSum": {1}, "ReduceMean": {1},
-    "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1}, "ReduceL1": {1}, "ReduceL2": {1},
-    "ReduceLogSum": {1}, "ReduceLogSumExp": {1}, "ReduceSumSquare": {1},
-    "NonMaxSuppression": {2, 3, 4}, "CenterCropPad": {1},
+    "Reshape": {1},
+    "Expand": {1},
+    "Tile": {1},
+    "ConstantOfShape": {0},
+    "Slice": {1, 2, 3, 4},
+    "Unsqueeze": {1},
+    "Squeeze": {1},
+    "Pad": {1, 2, 3},
+    "Resize": {1, 2, 3},
+    "Upsample": {1},
+    "TopK": {1},
+    "Range": {0, 1, 2},
+    "OneHot": {1, 2},
+    "Split": {1},
+    "CumSum": {1},
+    "Clip": {1, 2},
+    "Trilu": {1},
+    "Dropout": {1, 2},
+    "ReduceSum": {1},
+    "ReduceMean": {1},
+    "ReduceMax": {1},
+    "ReduceMin": {1},
+    "ReduceProd": {1},
+    "ReduceL1": {1},
+    "ReduceL2": {1},
+    "ReduceLogSum": {1},
+    "ReduceLogSumExp": {1},
+    "ReduceSumSquare": {1},
+    "NonMaxSuppression": {2, 3, 4},
+    "CenterCropPad": {1},
 }
 BATCH_LIKE = re.compile(r"(^|_)(batch|bs|n|b)(_|$)|batch", re.IGNORECASE)
 
@@ -82,7 +104,9 @@ def read_model(path: str | Path):
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, TypeError) as e:
-        raise MtppError(f"{path}: not a valid ONNX model (truncated or not protobuf: {e})") from None
+        raise MtppError(
+            f"{path}: not a valid ONNX model (truncated or not protobuf: {e})"
+        ) from None
     except OSError as e:
         raise MtppError(f"{path}: cannot read ({e})") from None
     if not model.graph.node or model.ir_version <= 0:
@@ -144,6 +168,13 @@ def check_external_paths(model, base: Path) -> None:
 
 
 # ---------------------------------------------------------------------- 2. dims
+def _batch_like(axis: int, name: str) -> bool:
+    """Dims that default to 1: named like a batch, or an unnamed/anonymous leading dim."""
+    if name and BATCH_LIKE.search(name):
+        return True
+    return axis == 0 and (not name or name.startswith("unk"))
+
+
 def fix_dims(model, dims: dict[str, int]) -> list[str]:
     """Fix dynamic input dims in place; return what was set (for reporting).
 
@@ -172,9 +203,12 @@ def fix_dims(model, dims: dict[str, int]) -> list[str]:
             elif key in dims:
                 val = dims[key]
                 used.add(key)
-            elif axis == 0 and (not name or BATCH_LIKE.search(name) or name.startswith("unk")):
-                val = 1
-            elif name and BATCH_LIKE.search(name):
+            elif (
+                axis == 0
+                and (not name or BATCH_LIKE.search(name) or name.startswith("unk"))
+                or name
+                and BATCH_LIKE.search(name)
+            ):
                 val = 1
             else:
                 unknown.append(f"{inp.name} axis {axis}" + (f" ({name!r})" if name else ""))
@@ -315,6 +349,9 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     inits = {t.name for t in g.initializer}
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     static: set[str] = set(inits)
+    # the stored constants each static tensor is computed from (a transposed tied weight is
+    # the weight itself); Shape/Size outputs derive from shapes only and have no roots
+    roots: dict[str, frozenset[str]] = {t: frozenset([t]) for t in inits}
     alias: dict[str, str] = {}  # view output -> tensor it aliases
 
     def real(t: str) -> str:
@@ -343,21 +380,31 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         if op in CONTROL_FLOW:
             ins = ins + [x for x in _subgraph_inputs(node) if x not in ins]
         is_static = op == "Constant" or (
-            op not in CONTROL_FLOW
-            and not op.startswith("Random")
-            and all(x in static for x in ins)
+            op not in CONTROL_FLOW and not op.startswith("Random") and all(x in static for x in ins)
         )
         if op in ("Shape", "Size") and ins and shapes.get(real(ins[0]), (None, 0))[0] is not None:
             is_static = True
         if is_static:
-            static.update(o for o in node.output if o)
+            outs_i = [o for o in node.output if o]
+            static.update(outs_i)
+            if op in ("Constant", "ConstantOfShape"):  # stored data: the node is the weight
+                src = frozenset(outs_i)
+            elif op in ("Shape", "Size"):
+                src = frozenset()
+            else:
+                src = frozenset().union(*(roots.get(x, frozenset()) for x in ins))
+            for o in outs_i:
+                roots[o] = src
             pending_static.append(i)
             continue
         data_ins = [x for j, x in enumerate(node.input) if x and j not in SHAPE_INPUTS.get(op, ())]
         data_ins = [x for x in data_ins if x not in static]
         used_outs = [o for o in node.output if o in read]
-        if op in VIEW_OPS and len(data_ins) == 1 and len(used_outs) >= 1 and (
-            op != "Dropout" or len(used_outs) == 1
+        if (
+            op in VIEW_OPS
+            and len(data_ins) == 1
+            and len(used_outs) >= 1
+            and (op != "Dropout" or len(used_outs) == 1)
         ):
             alias[used_outs[0]] = data_ins[0]
             src = real(data_ins[0])
@@ -400,15 +447,12 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         for j, x in enumerate(ins):
             if not x:
                 continue
-            if x in static:
-                if j not in shape_only:
-                    param_users[x].add(idx)
-                    moved[idx] += nbytes(x)
-                continue
-            src = real(x)
+            src = x if x in static else real(x)
             if src in static:
-                param_users[src].add(idx)
-                moved[idx] += nbytes(src)
+                if j not in shape_only:
+                    for r in roots.get(src, ()):
+                        param_users[r].add(idx)
+                    moved[idx] += nbytes(src)
                 continue
             if src not in producer:
                 raise MtppError(f"node {cost_names[idx]!r} reads {x!r}, which nothing produces")
@@ -436,14 +480,19 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     first_reader: dict[str, int] = {}
     for x, users in param_users.items():
         first_reader[x] = min(users)
+    for x, r in roots.items():  # a static node belongs where its roots are read
+        for root in r:
+            if root in first_reader and x not in first_reader:
+                first_reader[x] = first_reader[root]
     for i in pending_static:
         outs = [o for o in g.node[i].output if o]
         owner = min((first_reader[o] for o in outs if o in first_reader), default=None)
         if owner is not None:
             members[owner].append(onnx_names[i])
 
-    params = [(x, nbytes(x), sorted(users)) for x, users in param_users.items() if nbytes(x) > 0]
-    # (a static tensor used only as a shape, or of zero size, is not a weight)
+    params = [
+        (x, nbytes(x), sorted(users)) for x, users in param_users.items() if _is_weight(x, shapes)
+    ]
     work_arr = _work(work, flops, moved, cluster)
     hints = {
         "format": "onnx",
@@ -474,6 +523,32 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         op_types=op_types,
         hints=hints,
     )
+
+
+def _is_weight(name: str, shapes) -> bool:
+    """A stored constant is a weight when it is floating point (or 8/4-bit quantized) and not a
+    scalar: integer indices, boolean masks, shapes and scalar hyper-parameters are not."""
+    from onnx import TensorProto as T
+
+    shape, et = shapes.get(name, (None, 0))
+    if shape is None or numel(shape) <= 1:
+        return False
+    weight_types = {
+        T.FLOAT,
+        T.FLOAT16,
+        T.BFLOAT16,
+        T.DOUBLE,
+        T.INT8,
+        T.UINT8,
+        getattr(T, "INT4", -1),
+        getattr(T, "UINT4", -1),
+        getattr(T, "FLOAT8E4M3FN", -1),
+        getattr(T, "FLOAT8E5M2", -1),
+        getattr(T, "FLOAT8E4M3FNUZ", -1),
+        getattr(T, "FLOAT8E5M2FNUZ", -1),
+        getattr(T, "FLOAT4E2M1", -1),
+    }
+    return int(et) in weight_types
 
 
 def _work(model: str, flops: np.ndarray, moved: np.ndarray, cluster) -> np.ndarray:
