@@ -40,6 +40,7 @@ def main() -> None:
     print("| measurement | nodes | k | seconds |")
     print("|---|---|---|---|")
     g = layered_dag(args.nodes)
+
     def rebuild() -> None:
         params = [
             (g.p_names[p], g.p_size[p], g.p_users[g.p_ptr[p] : g.p_ptr[p + 1]])

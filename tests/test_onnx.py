@@ -204,6 +204,37 @@ def test_scalars_indices_and_masks_are_not_weights(tmp_path):
     assert list(g.p_names) == ["zero"] and g.param_bytes_total == 8
 
 
+def test_tied_embedding_stored_transposed_is_counted_once(tmp_path):
+    """The legacy torch exporter folds a tied LM head into a transposed copy of the table."""
+    table = np.random.default_rng(0).standard_normal((100, 64)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"], name="embed"),
+        helper.make_node("MatMul", ["h", "head"], ["logits"], name="lm_head"),
+    ]
+    inits = [
+        numpy_helper.from_array(table, "emb"),
+        numpy_helper.from_array(np.ascontiguousarray(table.T), "head"),
+    ]
+    path = save(
+        tmp_path, nodes, [vi("ids", [1, 8], TensorProto.INT64)], [vi("logits", [1, 8, 100])], inits
+    )
+    g = load_graph(path)
+    assert g.param_bytes_total == table.nbytes
+    users = {g.names[u] for u in g.p_users}
+    assert users == {"embed", "lm_head"}
+    # a different matrix of the same shape is a separate weight
+    inits[1] = numpy_helper.from_array(np.ascontiguousarray(table.T) + 1, "head")
+    path = save(
+        tmp_path,
+        nodes,
+        [vi("ids", [1, 8], TensorProto.INT64)],
+        [vi("logits", [1, 8, 100])],
+        inits,
+        name="untied.onnx",
+    )
+    assert load_graph(path).param_bytes_total == 2 * table.nbytes
+
+
 def test_external_data_sizes_without_reading_weights(tmp_path):
     w = numpy_helper.from_array(np.ones((256, 256), np.float32), "w")
     graph = helper.make_graph(

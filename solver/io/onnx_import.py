@@ -113,12 +113,43 @@ def read_model(path: str | Path):
         raise MtppError(f"{path}: not a valid ONNX model (no graph nodes or no IR version)")
     check_external_paths(model, path.parent)
     try:
-        # by path: external files are then looked up beside the model, not in the cwd
-        onnx.checker.check_model(str(path) if _has_external(model) else model)
+        onnx.checker.check_model(light_copy(model))
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
         raise MtppError(f"{path}: the ONNX checker rejects the model: {first}") from None
     return model
+
+
+LIGHT_LIMIT = 4096  # initializers with more elements are handed to checker/inference as inputs
+
+
+def light_copy(model):
+    """The model without its big weights: every initializer over ``LIGHT_LIMIT`` elements (or
+    stored externally) becomes a typed graph input. The checker and shape inference serialise
+    the whole model, so this turns seconds into milliseconds on a 400 MB export; small
+    initializers (shape vectors) stay, so data propagation still works."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    light = onnx.ModelProto()
+    for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, fld, getattr(model, fld))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    src, dst = model.graph, light.graph
+    dst.name = src.name
+    dst.node.extend(src.node)
+    dst.input.extend(src.input)
+    dst.output.extend(src.output)
+    dst.value_info.extend(src.value_info)
+    declared = {i.name for i in src.input}
+    for t in src.initializer:
+        if numel(t.dims) > LIGHT_LIMIT or t.data_location == TensorProto.EXTERNAL:
+            if t.name not in declared:
+                dst.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            dst.initializer.append(t)
+    return light
 
 
 def _all_tensors(model):
@@ -138,12 +169,6 @@ def _all_tensors(model):
                         yield from walk(sub)
 
     yield from walk(model.graph)
-
-
-def _has_external(model) -> bool:
-    from onnx import TensorProto
-
-    return any(t.data_location == TensorProto.EXTERNAL for t in _all_tensors(model))
 
 
 def check_external_paths(model, base: Path) -> None:
@@ -258,15 +283,22 @@ def _shape_map(model) -> dict[str, tuple[tuple[int, ...] | None, int]]:
 
 
 def infer_shapes(model) -> dict[str, tuple[tuple[int, ...] | None, int]]:
-    """Shapes of every tensor: onnx inference with data propagation, then onnxruntime's
-    symbolic inference for tensors onnx leaves unresolved."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as e:  # onnx raises several internal types here
-        raise MtppError(f"onnx shape inference failed: {str(e).splitlines()[0]}") from None
-    shapes = _shape_map(inferred)
+    """Shapes of every tensor: onnx inference with data propagation; where that leaves tensors
+    unresolved, fold small constant subgraphs (shape arithmetic onnx cannot propagate, e.g.
+    through Where) and infer again; onnxruntime's symbolic inference is the last resort."""
+    light = light_copy(model)
+    inferred, shapes = _onnx_infer(light)
+    for _ in range(4):
+        if not _missing(inferred, shapes):
+            return shapes
+        folded = _fold_constants(light, shapes)
+        if folded is None:
+            break
+        light = folded
+        inferred, more = _onnx_infer(light)
+        for name, val in more.items():
+            if shapes.get(name, (None, 0))[0] is None:
+                shapes[name] = val
     if _missing(inferred, shapes):
         try:
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -281,6 +313,64 @@ def infer_shapes(model) -> dict[str, tuple[tuple[int, ...] | None, int]]:
         except Exception:  # symbolic inference is best effort; what stays unknown is reported
             pass
     return shapes
+
+
+def _onnx_infer(light):
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception as e:  # onnx raises several internal types here
+        raise MtppError(f"onnx shape inference failed: {str(e).splitlines()[0]}") from None
+    return inferred, _shape_map(inferred)
+
+
+def _fold_constants(light, shapes):
+    """Evaluate small nodes whose inputs are known values (Shape/Size of known shapes
+    included) and replace them by initializers; None when nothing new folds."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    g = light.graph
+    values = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    folded, new_inits = set(), []
+    for i, node in enumerate(g.node):
+        ins = [x for x in node.input if x]
+        outs = [o for o in node.output if o]
+        op = node.op_type
+        if op in CONTROL_FLOW or op.startswith("Random") or not outs:
+            continue
+        feeds = {}
+        if op in ("Shape", "Size"):
+            shape = shapes.get(ins[0], (None, 0))[0] if ins else None
+            if shape is None or numel(shape) > 1 << 24:
+                continue
+            feeds = {ins[0]: np.empty(shape, np.uint8)}
+        elif all(x in values for x in ins):
+            feeds = {x: values[x] for x in ins}
+        else:
+            continue
+        try:
+            res = ReferenceEvaluator(node).run(None, feeds)
+        except Exception:  # an op the reference evaluator cannot run: leave it to inference
+            continue
+        if any(np.asarray(r).size > LIGHT_LIMIT for r in res):
+            continue
+        for o, r in zip(node.output, res, strict=False):
+            if o:
+                values[o] = np.asarray(r)
+                new_inits.append(numpy_helper.from_array(np.asarray(r), o))
+        folded.add(i)
+    if not folded:
+        return None
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(light)
+    del out.graph.node[:]
+    out.graph.node.extend(n for i, n in enumerate(g.node) if i not in folded)
+    out.graph.initializer.extend(new_inits)
+    return out
 
 
 def _missing(model, shapes) -> list[str]:
@@ -490,9 +580,11 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         if owner is not None:
             members[owner].append(onnx_names[i])
 
-    params = [
-        (x, nbytes(x), sorted(users)) for x, users in param_users.items() if _is_weight(x, shapes)
-    ]
+    same = tied_copies(model, [x for x in param_users if _is_weight(x, shapes)])
+    merged: dict[str, set[int]] = defaultdict(set)
+    for x, users in param_users.items():
+        merged[same.get(x, x)] |= users
+    params = [(x, nbytes(x), sorted(users)) for x, users in merged.items() if _is_weight(x, shapes)]
     work_arr = _work(work, flops, moved, cluster)
     hints = {
         "format": "onnx",
@@ -523,6 +615,57 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         op_types=op_types,
         hints=hints,
     )
+
+
+def tied_copies(model, names: list[str]) -> dict[str, str]:
+    """Map stored copies of a tied weight to the weight they copy, so it is counted once.
+
+    Tied weights are embedding tables shared with an output projection; the legacy torch
+    exporter folds the projection's ``Transpose(table)`` into a second initializer. So each
+    2-D table read by a Gather is compared with the weights of its shape or transposed shape:
+    a cheap key (the first values of a row and a column) finds candidates, and a full
+    comparison decides. External weights are never read, and so never merged.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    wanted = set(names)
+    tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input}
+    mats = {
+        t.name: t
+        for t in model.graph.initializer
+        if t.name in wanted
+        and len(t.dims) == 2
+        and t.data_location != TensorProto.EXTERNAL
+        and numel(t.dims) > LIGHT_LIMIT
+    }
+    arrays: dict[str, np.ndarray] = {}
+
+    def arr(name: str) -> np.ndarray:
+        if name not in arrays:
+            t = mats[name]
+            if t.raw_data:  # one copy of the stored bytes, then views
+                dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+                arrays[name] = np.frombuffer(t.raw_data, dtype=dt).reshape(tuple(t.dims))
+            else:
+                arrays[name] = numpy_helper.to_array(t)
+        return arrays[name]
+
+    out: dict[str, str] = {}
+    for table in sorted(tables & set(mats)):
+        shape = tuple(mats[table].dims)
+        for other, t in mats.items():
+            dims = tuple(t.dims)
+            if other == table or other in out or dims not in (shape, shape[::-1]):
+                continue
+            a, b = arr(table), arr(other)
+            same = a if dims == shape else a.T
+            if (
+                np.array_equal(b[0, :16], same[0, :16])
+                and np.array_equal(b[:16, 0], same[:16, 0])
+                and np.array_equal(b, same)
+            ):
+                out[other] = table
+    return out
 
 
 def _is_weight(name: str, shapes) -> bool:
