@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
     )
     p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
-    p.add_argument("plan", metavar="PLAN", help="plan JSON written by 'mtpp solve --out'")
+    p.add_argument(
+        "plan",
+        metavar="PLAN",
+        help="plan JSON written by 'mtpp solve --out', or a manual-sharding YAML "
+        "(a list of {node, device, stage})",
+    )
     _add_graph_options(p)
     _add_json(p)
 
@@ -138,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop once the relative gap is at most REL, e.g. 0.01 (default 0: prove optimality)",
     )
     s.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    m = p.add_argument_group("method options")
+    m.add_argument(
+        "--optimal-perf",
+        action="store_true",
+        help="poprt: keep balancing compute and return the best scheme (default: first that fits)",
+    )
+    m.add_argument("--sharding", metavar="FILE.yaml", help="manual: the sharding points")
+    m.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, e.g. --set population=50 --set generations=30 (slicegraph), "
+        "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt)",
+    )
     _add_graph_options(p)
     _add_json(p)
     return parser
@@ -327,7 +347,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from solver.plan import FEASIBLE, make_plan, read_plan_assignment
 
     g, cluster = _load(args)
-    a, data = read_plan_assignment(g, args.plan)
+    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
+        from solver.heuristics.manual import manual_assignment, read_sharding
+
+        a, _ = manual_assignment(g, read_sharding(args.plan))
+        data = {"method": "manual"}
+    else:
+        a, data = read_plan_assignment(g, args.plan)
     if args.cluster is None and isinstance(data.get("cluster"), dict):
         cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
         cluster = cluster.with_devices(args.devices)
@@ -371,12 +397,26 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise MtppError(f"--workers must be >= 0, got {args.workers}")
     g, cluster = _load(args)
+    extra: dict = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MtppError(f"--set {item!r}: write KEY=VALUE, e.g. --set population=50")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key] = value
+    if args.optimal_perf:
+        extra["optimal_perf"] = True
+    if args.sharding:
+        extra["sharding"] = args.sharding
     opts = SolveOptions(
         time_limit=args.time_limit,
         workers=args.workers,
         seed=args.seed,
         gap=args.gap,
         progress=not args.quiet and not args.json,
+        extra=extra,
     )
     plan = solve(g, cluster, args.method, opts)
     if plan is None:
@@ -391,6 +431,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
         _print_json(out)
     else:
         _print_plan(plan)
+        if plan.method == "poprt":
+            from solver.heuristics.poprt import format_sharding
+
+            _console().print(format_sharding(plan.stats.get("sharding_nodes", {})))
         if args.out:
             _console().print(f"plan written to {args.out}")
     return 0

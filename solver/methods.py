@@ -147,6 +147,76 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     return plan
 
 
+def run_poprt(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
+    """PopRT auto-sharding: candidate subgraphs, memory-balanced split, traversal."""
+    from solver.heuristics.poprt import PoprtOptions, poprt
+
+    t0 = time.perf_counter()
+    cg, labels = coarse_view(g)
+    ex = opts.extra
+    po = PoprtOptions(
+        optimal_perf=bool(ex.get("optimal_perf", False)),
+        keep_per_step=int(ex.get("keep_per_step", PoprtOptions.keep_per_step)),
+        keep_best=int(ex.get("keep_best", PoprtOptions.keep_best)),
+        time_limit=opts.time_limit,
+    )
+    ca, info = poprt(cg, cluster, po)
+    info["sharding_nodes"] = {
+        d: [g.names[int(np.flatnonzero(labels == cg.index[nm])[-1])] for nm in names]
+        for d, names in info["sharding_nodes"].items()
+    }
+    return _finish(g, cluster, ca[labels], "poprt", t0, info)
+
+
+def run_manual(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
+    """Manual sharding points from a YAML file (``--sharding FILE``)."""
+    from solver.heuristics.manual import manual_assignment, read_sharding
+
+    t0 = time.perf_counter()
+    path = opts.extra.get("sharding")
+    if not path:
+        raise MtppError(
+            "--method manual needs --sharding FILE.yaml (a list of {node, device, stage})"
+        )
+    device, stage = manual_assignment(g, read_sharding(path))
+    need = int(device.max()) + 1
+    if need > cluster.devices:
+        raise MtppError(
+            f"{path}: the sharding uses {need} devices but the cluster has {cluster.devices}; "
+            f"pass --devices {need}"
+        )
+    return _finish(g, cluster, device, "manual", t0, {"stages": stage.tolist()})
+
+
+def run_idealdp(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
+    """Exact DP over the ideals of the DAG (capped)."""
+    from solver.heuristics.idealdp import ideal_dp
+    from solver.plan import OPTIMAL
+
+    t0 = time.perf_counter()
+    cg, labels = coarse_view(g)
+    upper, _ = quick_assignment(g, cluster)
+    val, ca, stats = ideal_dp(
+        cg,
+        cluster,
+        upper=upper,
+        max_ideals=int(opts.extra.get("max_ideals", 50_000)),
+        time_limit=opts.time_limit,
+    )
+    if ca is None:
+        return None
+    return make_plan(
+        g,
+        cluster,
+        ca[labels],
+        "idealdp",
+        lower_bound=val,
+        status=OPTIMAL,
+        wall_seconds=time.perf_counter() - t0,
+        stats=stats,
+    )
+
+
 def run_brute(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     """Enumerate every plan (tiny graphs only): the test oracle."""
     from solver.exact.brute import brute_force
@@ -157,6 +227,9 @@ def run_brute(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
 METHODS: dict[str, Callable[[Graph, Cluster, SolveOptions], Plan | None]] = {
     "cpsat": run_cpsat,
     "slicegraph": run_slicegraph,
+    "poprt": run_poprt,
+    "manual": run_manual,
+    "idealdp": run_idealdp,
     "time": run_baseline("time"),
     "params": run_baseline("params"),
     "uniform": run_baseline("uniform"),

@@ -146,3 +146,22 @@ def test_infeasible_capacity_message(tmp_path, capsys):
     assert code == 2 and "proven: no valid plan" in err and "--devices" in err
     code, out, err = run(capsys, "solve", p, "--devices", "3", "--json")
     assert code == 0 and json.loads(out)["status"] == "OPTIMAL"
+
+
+def test_poprt_prints_sharding_nodes(toy, capsys):
+    code, out, _ = run(capsys, "solve", toy, "-m", "poprt", "--optimal-perf")
+    assert code == 0 and "Sharding nodes:" in out
+
+
+def test_manual_yaml_solve_and_evaluate(toy, tmp_path, capsys):
+    shard = tmp_path / "shard.yaml"
+    shard.write_text("- {node: b, device: 0, stage: 0}\n")
+    code, out, _ = run(capsys, "evaluate", toy, shard, "--json")
+    e = json.loads(out)
+    assert code == 0 and e["valid"] and e["objective"] == pytest.approx(4.0)  # {a, b} | {c}
+    code, out, _ = run(capsys, "solve", toy, "-m", "manual", "--sharding", shard, "--json")
+    assert code == 0 and json.loads(out)["objective"] == pytest.approx(4.0)
+    code, _, err = run(capsys, "solve", toy, "-m", "manual")
+    assert code == 2 and "needs --sharding" in err
+    code, _, err = run(capsys, "solve", toy, "-m", "slicegraph", "--set", "population")
+    assert code == 2 and "KEY=VALUE" in err

@@ -1,0 +1,300 @@
+"""PopRT auto-sharding (Graphcore PopRT ``tools/auto_sharding.py``; seed 000), as documented.
+
+1. Candidate sharding nodes: nodes with two or more inputs produced by other operators (not
+   model inputs, not constants); if none qualifies, every node is a candidate.
+2. Each candidate, in topological order, claims its subgraph by walking back toward the inputs
+   over unclaimed nodes; a subgraph records its parameter bytes and FLOPs. Candidates whose
+   subgraph is below the average bytes OR below the average FLOPs are dropped and their nodes
+   left to the next accepted candidate's walk; unclaimed nodes form a final subgraph.
+3. First split: walk the subgraph list accumulating bytes and close a group when the running
+   sum reaches total / k (memory balance).
+4. Traversal: a group that does not fit (the hard capacity, or else the fast memory M) tries
+   to move its boundary subgraphs into a neighbouring group that consumes or produces them, or
+   into a parallel group (no ancestor relation), preferring the least loaded target. With
+   ``optimal_perf`` the group with the most FLOPs then moves subgraphs to groups with fewer
+   FLOPs when that narrows the gap, keeping the 3 groupings with the lowest FLOP standard
+   deviation per step and the 5 best feasible groupings, until no new grouping appears; the
+   best objective wins. Without it, the first feasible grouping is returned.
+5. When every grouping is out of memory, the one with the smallest excess is retried with less
+   usable memory for activations (PopRT lowers ``available_memory_proportion`` to 0.3, then
+   0.1; here: only that share of each op's working set counts against the memory limit).
+
+Where the published code deviates from its documentation, the documented intent is followed:
+parallel subgraphs are those with no ancestor relation at any depth (the code looks one level
+up only, because a set-union result is discarded).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.cost import evaluate
+from solver.graph import Graph
+
+
+@dataclass
+class PoprtOptions:
+    optimal_perf: bool = False
+    keep_per_step: int = 3  # groupings kept per balancing step (lowest FLOP std deviation)
+    keep_best: int = 5  # best feasible groupings kept overall
+    memory_proportions: tuple[float, ...] = (1.0, 0.3, 0.1)
+    max_groupings: int = 5000
+    time_limit: float = 60.0
+
+
+@dataclass
+class Subgraphs:
+    """The unit of PopRT's search: node sets in topological order, with their costs."""
+
+    nodes: list[np.ndarray]
+    candidate: list[int | None]  # candidate node of each subgraph (None: the remained one)
+    bytes: np.ndarray
+    flops: np.ndarray
+    of_node: np.ndarray  # subgraph index of every node
+    parents: list[set[int]] = field(default_factory=list)
+    children: list[set[int]] = field(default_factory=list)
+    ancestors: list[set[int]] = field(default_factory=list)
+
+
+def candidate_nodes(g: Graph) -> list[int]:
+    """Nodes (topological order) with two or more inputs from other operators."""
+    inputs = set()
+    if g.op_types is not None:
+        inputs = {i for i, op in enumerate(g.op_types) if op == "Input"}
+    src, dst = g.data_edges
+    count = np.zeros(g.n, dtype=np.int64)
+    keep = ~np.isin(src, list(inputs)) if inputs else np.ones(len(src), bool)
+    np.add.at(count, dst[keep], 1)
+    cands = [int(v) for v in g.topo_order if count[v] >= 2]
+    return cands or [int(v) for v in g.topo_order]
+
+
+def _walk(g: Graph, start: int, claimed: np.ndarray, label: int) -> list[int]:
+    """Claim ``start`` and every unclaimed node reachable backwards through unclaimed nodes."""
+    ptr, idx = g.pred
+    out, stack = [], [start]
+    if claimed[start] >= 0:
+        return out
+    claimed[start] = label
+    while stack:
+        v = stack.pop()
+        out.append(v)
+        for u in idx[ptr[v] : ptr[v + 1]].tolist():
+            if claimed[u] < 0:
+                claimed[u] = label
+                stack.append(u)
+    return out
+
+
+def _costs(g: Graph, members: list[int]) -> tuple[float, float]:
+    sel = np.zeros(g.n, dtype=bool)
+    sel[members] = True
+    used = np.unique(g.pair_param[sel[g.p_users]]) if g.num_params else np.zeros(0, int)
+    weight = float(g.p_size[used].sum())
+    flops = float((g.flops if g.flops is not None else g.work)[members].sum())
+    return weight, flops
+
+
+def build_subgraphs(g: Graph) -> Subgraphs:
+    """Candidates, walks, merging of small candidates, the remained subgraph, relations."""
+    cands = candidate_nodes(g)
+    claimed = np.full(g.n, -1, dtype=np.int64)
+    first = [(c, _walk(g, c, claimed, j)) for j, c in enumerate(cands)]
+    costs = [_costs(g, m) for _, m in first if m]
+    avg_b = float(np.mean([c[0] for c in costs])) if costs else 0.0
+    avg_f = float(np.mean([c[1] for c in costs])) if costs else 0.0
+    accepted = []
+    for c, m in first:
+        if m:
+            b, f = _costs(g, m)
+            if b >= avg_b and f >= avg_f:  # below either average: merged into the next one
+                accepted.append(c)
+    claimed[:] = -1
+    nodes, cand = [], []
+    for c in accepted:
+        m = _walk(g, c, claimed, len(nodes))
+        if m:
+            nodes.append(np.array(sorted(m), dtype=np.int64))
+            cand.append(c)
+    rest = np.flatnonzero(claimed < 0)
+    if len(rest):
+        claimed[rest] = len(nodes)
+        nodes.append(rest)
+        cand.append(None)
+    costs = [_costs(g, list(m)) for m in nodes]
+    sg = Subgraphs(
+        nodes, cand, np.array([c[0] for c in costs]), np.array([c[1] for c in costs]), claimed
+    )
+    S = len(nodes)
+    sg.parents = [set() for _ in range(S)]
+    sg.children = [set() for _ in range(S)]
+    a, b = claimed[g.e_src], claimed[g.e_dst]
+    for x, y in set(zip(a.tolist(), b.tolist(), strict=True)):
+        if x != y:
+            sg.parents[y].add(x)
+            sg.children[x].add(y)
+    sg.ancestors = [set() for _ in range(S)]
+    for s in range(S):  # subgraph list order is topological (each walk claims its ancestors)
+        for p in sg.parents[s]:
+            sg.ancestors[s] |= sg.ancestors[p] | {p}
+    return sg
+
+
+def first_split(sg: Subgraphs, k: int) -> tuple[int, ...]:
+    """Group of every subgraph: close a group when the running bytes reach total / k."""
+    total = float(sg.bytes.sum())
+    target = total / k if total > 0 else 0.0
+    groups, grp, run = [], 0, 0.0
+    for s in range(len(sg.nodes)):
+        groups.append(grp)
+        run += sg.bytes[s]
+        if grp < k - 1 and target > 0 and run >= target * (grp + 1):
+            grp += 1
+    if total == 0:  # no parameters at all: balance FLOPs instead
+        f = np.cumsum(sg.flops)
+        groups = [min(k - 1, int(x * k / max(f[-1], 1e-300))) for x in f - sg.flops]
+    return tuple(groups)
+
+
+class _Search:
+    def __init__(self, g: Graph, cluster: Cluster, sg: Subgraphs, opts: PoprtOptions):
+        self.g, self.cluster, self.sg, self.opts = g, cluster, sg, opts
+        self.k = cluster.devices
+        self.limit = cluster.capacity if cluster.capacity is not None else cluster.fast_memory
+        self.t0 = time.perf_counter()
+
+    def assignment(self, grouping: tuple[int, ...]) -> np.ndarray:
+        return np.asarray(grouping, dtype=np.int64)[self.sg.of_node]
+
+    def valid(self, grouping: tuple[int, ...]) -> bool:
+        a = self.assignment(grouping)
+        return bool(np.all(a[self.g.e_src] <= a[self.g.e_dst]))
+
+    def memory(self, grouping, share: float) -> np.ndarray:
+        ev = evaluate(self.g, self.cluster, self.assignment(grouping))
+        return ev.params + share * ev.peak
+
+    def group_flops(self, grouping) -> np.ndarray:
+        return np.bincount(np.asarray(grouping), weights=self.sg.flops, minlength=self.k)
+
+    def moves(self, grouping, src: int, load: np.ndarray, balance: bool) -> list[tuple[int, ...]]:
+        """One move per boundary subgraph of group ``src``, to its least loaded allowed target."""
+        sg = self.sg
+        members = [s for s, gr in enumerate(grouping) if gr == src]
+        out = []
+        for s in members:
+            targets = set()
+            if not any(grouping[c] == src for c in sg.children[s]):  # most downstream
+                targets |= {grouping[c] for c in sg.children[s] if grouping[c] > src}
+            if not any(grouping[p] == src for p in sg.parents[s]):  # no parent inside
+                targets |= {grouping[p] for p in sg.parents[s] if grouping[p] < src}
+            for t in range(len(grouping)):
+                if grouping[t] != src and t not in sg.ancestors[s] and s not in sg.ancestors[t]:
+                    targets.add(grouping[t])  # a group holding a parallel subgraph
+            targets.discard(src)
+            if balance:
+                gap = load[src] - load
+                targets = {t for t in targets if abs(gap[t] - 2 * sg.flops[s]) < gap[t]}
+            if not targets:
+                continue
+            tgt = min(targets, key=lambda t: (load[t], t))
+            new = list(grouping)
+            new[s] = tgt
+            new = tuple(new)
+            if self.valid(new):
+                out.append(new)
+        return out
+
+    def run(self, share: float) -> tuple[tuple[int, ...] | None, tuple[int, ...], dict]:
+        """(best feasible grouping or None, grouping with the smallest excess, stats)."""
+        opts = self.opts
+        start = first_split(self.sg, self.k)
+        queue, seen = [start], {start}
+        feasible: list[tuple[float, tuple[int, ...]]] = []
+        least_excess = (math.inf, start)
+        explored = 0
+        while queue and explored < opts.max_groupings:
+            if time.perf_counter() - self.t0 > opts.time_limit:
+                break
+            grouping = queue.pop(0)
+            explored += 1
+            mem = self.memory(grouping, share)
+            excess = np.maximum(0.0, mem - self.limit)
+            children: list[tuple[int, ...]] = []
+            if excess.sum() > 0:
+                if excess.sum() < least_excess[0]:
+                    least_excess = (float(excess.sum()), grouping)
+                bytes_load = np.bincount(
+                    np.asarray(grouping), weights=self.sg.bytes, minlength=self.k
+                )
+                for src in np.flatnonzero(excess > 0):
+                    children += self.moves(grouping, int(src), bytes_load, balance=False)
+            else:
+                obj = evaluate(self.g, self.cluster, self.assignment(grouping)).objective
+                feasible.append((obj, grouping))
+                feasible.sort()
+                del feasible[opts.keep_best :]
+                if not opts.optimal_perf:
+                    break
+                fl = self.group_flops(grouping)
+                children = self.moves(grouping, int(np.argmax(fl)), fl, balance=True)
+                children.sort(key=lambda c: float(np.std(self.group_flops(c))))
+                children = children[: opts.keep_per_step]
+            for c in children:
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+        stats = {"groupings_explored": explored, "activation_share": share}
+        return (feasible[0][1] if feasible else None), least_excess[1], stats
+
+
+def poprt(g: Graph, cluster: Cluster, opts: PoprtOptions | None = None):
+    """PopRT auto-sharding on graph ``g``: (assignment, info) where info has the sharding
+    nodes per device, the memory share that was needed, and search statistics."""
+    opts = opts or PoprtOptions()
+    sg = build_subgraphs(g)
+    search = _Search(g, cluster, sg, opts)
+    grouping, stats = None, {}
+    fallback = None
+    for share in opts.memory_proportions:
+        grouping, least, stats = search.run(share)
+        if grouping is not None:
+            break
+        fallback = least
+    if grouping is None:
+        grouping = fallback
+        stats["out_of_memory"] = True
+    a = search.assignment(grouping)
+    info = {
+        "subgraphs": len(sg.nodes),
+        "candidates": sum(c is not None for c in sg.candidate),
+        "sharding_nodes": sharding_nodes(g, sg, grouping, cluster.devices),
+        **stats,
+    }
+    return a, info
+
+
+def sharding_nodes(g: Graph, sg: Subgraphs, grouping, k: int) -> dict[int, list[str]]:
+    """Per device but the last: candidate nodes of the group's most-downstream subgraphs."""
+    out: dict[int, list[str]] = {}
+    for d in range(k - 1):
+        names = []
+        for s, gr in enumerate(grouping):
+            if gr != d or sg.candidate[s] is None:
+                continue
+            if not any(grouping[c] == d for c in sg.children[s]):
+                names.append(g.names[sg.candidate[s]])
+        if names:
+            out[d] = names
+    return out
+
+
+def format_sharding(nodes: dict[int, list[str]]) -> str:
+    """PopRT's message: ``Sharding nodes: Device 0 - ['Add_938']``."""
+    parts = [f"Device {d} - {names}" for d, names in sorted(nodes.items())]
+    return "Sharding nodes: " + ("; ".join(parts) if parts else "(one device)")
