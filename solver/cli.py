@@ -109,6 +109,56 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph_options(p)
     _add_json(p)
 
+    p = sub.add_parser(
+        "simulate",
+        help="run a plan through a discrete-event pipeline simulation",
+        description="Simulate requests flowing through the devices of a plan: steady-state "
+        "period, throughput, latency, per-device busy/idle fractions and peak memory from "
+        "liveness. Pipelined without --overlap, the period equals the plan's objective.",
+        epilog="examples:\n  mtpp simulate graph.json plan.json --requests 1000\n"
+        "  mtpp simulate model.onnx plan.json --mode sequential --gantt gantt.png --json",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
+    p.add_argument(
+        "--mode",
+        choices=["pipelined", "sequential"],
+        default="pipelined",
+        help="pipelined: devices work on different requests at once; sequential: plain "
+        "sharding, one device busy at a time (default pipelined)",
+    )
+    p.add_argument("--overlap", action="store_true", help="let transfers overlap compute")
+    p.add_argument("--latency", type=float, metavar="SEC", help="per-message link latency")
+    p.add_argument("--gantt", metavar="FILE.png", help="draw devices x time bars to this PNG")
+    _add_graph_options(p)
+    _add_json(p)
+
+    p = sub.add_parser(
+        "export",
+        help="write the sharded ONNX model of a plan (and verify it)",
+        description="Write, into a new folder: annotated.onnx (every node carries "
+        "__ipu_number and __pipeline_stage), stage{s}.onnx (one model per stage with explicit "
+        "boundary tensors), sharding.yaml (PopRT-style manual sharding that --method manual "
+        "reads back), stages.json. The folder appears whole or not at all.",
+        epilog="example:\n  mtpp export model.onnx plan.json --out sharded/ --verify",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    p.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder (replaced)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the original and the chained stages in onnxruntime on seeded random inputs; "
+        "exit 1 if the outputs differ by more than --tolerance",
+    )
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff (default 1e-4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    _add_graph_options(p)
+    _add_json(p)
+
     methods = ", ".join(METHODS)
     p = sub.add_parser(
         "solve",
@@ -164,9 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------- helpers
-def _load(args: argparse.Namespace):
-    from solver.io import load_graph, resolve_cluster
-
+def _dims(args: argparse.Namespace) -> dict[str, int]:
     dims = {}
     for item in args.dim:
         name, sep, value = item.partition("=")
@@ -176,6 +224,13 @@ def _load(args: argparse.Namespace):
             dims[name] = int(value)
         except ValueError:
             raise MtppError(f"--dim {item!r}: VALUE must be a whole number") from None
+    return dims
+
+
+def _load(args: argparse.Namespace):
+    from solver.io import load_graph, resolve_cluster
+
+    dims = _dims(args)
     options = {}
     if Path(args.graph).suffix.lower() == ".onnx":
         options = {
@@ -342,27 +397,11 @@ def _print_plan(plan, violations=(), title: str = "plan") -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from solver.cluster import cluster_from_dict
     from solver.cost import validate
-    from solver.plan import FEASIBLE, make_plan, read_plan_assignment
+    from solver.plan import FEASIBLE, make_plan
 
     g, cluster = _load(args)
-    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
-        from solver.heuristics.manual import manual_assignment, read_sharding
-
-        a, _ = manual_assignment(g, read_sharding(args.plan))
-        data = {"method": "manual"}
-    else:
-        a, data = read_plan_assignment(g, args.plan)
-    if args.cluster is None and isinstance(data.get("cluster"), dict):
-        cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
-        cluster = cluster.with_devices(args.devices)
-    k = max(cluster.devices, int(a.max()) + 1)
-    if k != cluster.devices:
-        raise MtppError(
-            f"{args.plan}: the plan uses block {int(a.max())} but the cluster has "
-            f"{cluster.devices} devices; pass --devices {k}"
-        )
+    a, data, cluster = _plan_assignment(args, g, cluster)
     violations = validate(g, cluster, a)
     plan = make_plan(
         g,
@@ -384,6 +423,141 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         _print_plan(plan, violations, title="evaluation")
     return 0 if not violations else 1
+
+
+def _plan_assignment(args, g, cluster):
+    """The plan file (JSON or manual-sharding YAML) and the cluster to read it with."""
+    from solver.cluster import cluster_from_dict
+    from solver.plan import read_plan_assignment
+
+    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
+        from solver.heuristics.manual import manual_assignment, read_sharding
+
+        a, _ = manual_assignment(g, read_sharding(args.plan))
+        data = {"method": "manual"}
+    else:
+        a, data = read_plan_assignment(g, args.plan)
+    if args.cluster is None and isinstance(data.get("cluster"), dict):
+        cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
+        cluster = cluster.with_devices(args.devices)
+    if int(a.max()) + 1 > cluster.devices:
+        raise MtppError(
+            f"{args.plan}: the plan uses block {int(a.max())} but the cluster has "
+            f"{cluster.devices} devices; pass --devices {int(a.max()) + 1}"
+        )
+    return a, data, cluster
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from solver.simulate import draw_gantt, simulate
+
+    if args.requests < 1:
+        raise MtppError(f"--requests must be >= 1, got {args.requests}")
+    g, cluster = _load(args)
+    a, _, cluster = _plan_assignment(args, g, cluster)
+    sim = simulate(
+        g,
+        cluster,
+        a,
+        requests=args.requests,
+        mode=args.mode,
+        overlap=args.overlap,
+        latency=args.latency,
+    )
+    if args.gantt:
+        draw_gantt(
+            sim,
+            cluster.devices,
+            args.gantt,
+            title=f"{g.name}: {args.mode}" + (" with overlap" if args.overlap else ""),
+        )
+    if args.json:
+        out = sim.to_dict()
+        out["cluster"] = cluster.to_dict()
+        out["graph"] = g.name
+        _print_json(out)
+        return 0 if sim.valid else 1
+    from rich.table import Table
+
+    from solver.units import format_bytes, format_time
+
+    con = _console()
+    con.print(
+        f"[bold]simulation[/bold]: graph {g.name}, {args.requests} requests, {args.mode}"
+        + (" with overlap" if args.overlap else "")
+    )
+    con.print(f"cluster {cluster.summary()}")
+    con.print(
+        f"period {format_time(sim.period)}  throughput {sim.throughput:.6g} requests/s  "
+        f"latency first {format_time(sim.latency_first)}, mean "
+        f"{format_time(sim.latency_mean)}  valid {sim.valid}"
+    )
+    t = Table()
+    for col in ("device", "busy", "idle (bubble)", "peak memory", "activations"):
+        t.add_column(col, justify="right")
+    for d in range(cluster.devices):
+        t.add_row(
+            str(d),
+            f"{100 * sim.busy[d]:.1f}%",
+            f"{100 * sim.idle[d]:.1f}%",
+            format_bytes(sim.peak_memory[d]),
+            format_bytes(sim.activation_peak[d]),
+        )
+    con.print(t)
+    for v in sim.violations:
+        con.print(f"[red]invalid:[/red] {v}")
+    if args.gantt:
+        con.print(f"Gantt chart written to {args.gantt}")
+    return 0 if sim.valid else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from solver.io.onnx_export import export_plan
+
+    if Path(args.graph).suffix.lower() != ".onnx":
+        raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
+    g, cluster = _load(args)
+    a, data, cluster = _plan_assignment(args, g, cluster)
+    stages = None
+    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
+        from solver.heuristics.manual import manual_assignment, read_sharding
+
+        a, stages = manual_assignment(g, read_sharding(args.plan))
+    report = export_plan(
+        args.graph,
+        g,
+        a,
+        args.out,
+        dims=_dims(args),
+        stage=stages,
+        verify=args.verify,
+        tolerance=args.tolerance,
+        seed=args.seed,
+    )
+    ok = report.get("verify", {}).get("ok", True)
+    if args.json:
+        report["out"] = args.out
+        _print_json(report)
+        return 0 if ok else 1
+    con = _console()
+    con.print(
+        f"wrote {args.out}: annotated.onnx, "
+        + ", ".join(st["file"] for st in report["stages"] if st["file"])
+        + ", sharding.yaml, stages.json"
+    )
+    for st in report["stages"]:
+        if st["file"]:
+            con.print(
+                f"  stage {st['stage']}: {st['onnx_nodes']} nodes, {len(st['inputs'])} "
+                f"inputs, {len(st['outputs'])} outputs"
+            )
+    if "verify" in report:
+        v = report["verify"]
+        status = "[green]OK[/green]" if ok else "[red]MISMATCH[/red]"
+        con.print(
+            f"verify: max abs diff {v['max_abs_diff']:.3g} (tolerance {v['tolerance']:g}) {status}"
+        )
+    return 0 if ok else 1
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
@@ -456,7 +630,13 @@ def infeasible_message(g, cluster) -> str:
     return text
 
 
-COMMANDS = {"inspect": cmd_inspect, "evaluate": cmd_evaluate, "solve": cmd_solve}
+COMMANDS = {
+    "inspect": cmd_inspect,
+    "evaluate": cmd_evaluate,
+    "solve": cmd_solve,
+    "simulate": cmd_simulate,
+    "export": cmd_export,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -589,6 +589,7 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     hints = {
         "format": "onnx",
         "onnx_nodes": len(g.node),
+        "static_nodes": [onnx_names[i] for i in pending_static],
         "members": {cost_names[i]: m for i, m in members.items()},
         "graph_outputs": [real(o.name) for o in g.output],
         "work_model": work,
