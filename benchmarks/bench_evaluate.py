@@ -10,13 +10,13 @@ import argparse
 import time
 
 import numpy as np
-from generate import layered_dag
 
 from solver.cluster import load_cluster
 from solver.cost import evaluate, validate
 from solver.graph import Graph
 from solver.heuristics.slicing import slice_order
 from solver.methods import SolveOptions, solve
+from solver.workloads import layered_dag
 
 
 def best_of(fn, repeat: int = 3) -> float:

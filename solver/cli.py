@@ -159,6 +159,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph_options(p)
     _add_json(p)
 
+    p = sub.add_parser(
+        "run",
+        help="run a plan for real: one process per stage, joined by queues",
+        description="Export the plan to a temporary folder, run every stage as its own "
+        "process (one onnxruntime session, one thread each) joined by queues, push requests "
+        "through, and report measured throughput and latency next to the simulator's "
+        "prediction (node times measured on this machine, queue bandwidth as the link) and "
+        "next to the unsplit model in one process with the same total threads.",
+        epilog="example:\n  mtpp run models/small/transformer.onnx plan.json --requests 200",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    _add_graph_options(p)
+    _add_json(p)
+
+    p = sub.add_parser(
+        "experiment",
+        help="run a YAML experiment: methods x graphs x clusters x k, with reports",
+        description="Run every combination of a YAML experiment config in parallel processes "
+        "and write results.jsonl, runs/, plans/, results.csv, summary.md and PNG plots into "
+        "--output. Each finished run is saved at once; --resume skips recorded runs. Each run "
+        "gets max(1, cores / jobs) CP-SAT workers.",
+        epilog="examples:\n  mtpp experiment configs/experiments/smoke.yaml --output results/smoke"
+        "\n  mtpp experiment configs/experiments/heuristic_vs_exact.yaml -o results/hve --jobs 2"
+        " --resume",
+        formatter_class=_formatter,
+    )
+    p.add_argument("config", metavar="CONFIG.yaml", help="experiment config (configs/experiments)")
+    p.add_argument("--output", "-o", required=True, metavar="DIR", help="results folder")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="runs in parallel (default 1)")
+    p.add_argument("--resume", action="store_true", help="continue a folder, skip finished runs")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    _add_json(p)
+
     methods = ", ".join(METHODS)
     p = sub.add_parser(
         "solve",
@@ -560,6 +597,90 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from solver.cluster import Cluster
+    from solver.io.onnx_import import load_onnx
+    from solver.run import run_plan
+    from solver.simulate import simulate
+
+    if Path(args.graph).suffix.lower() != ".onnx":
+        raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
+    if args.requests < 3:
+        raise MtppError(f"--requests must be >= 3, got {args.requests}")
+    g, cluster = _load(args)
+    a, _, cluster = _plan_assignment(args, g, cluster)
+    res = run_plan(args.graph, g, a, dims=_dims(args), requests=args.requests, seed=args.seed)
+    measured = load_onnx(args.graph, dims=_dims(args), work="measured")
+    here = Cluster("this-machine", int(a.max()) + 1, link_bandwidth=res.queue_bandwidth)
+    sim = simulate(measured, here, a, requests=max(50, args.requests))
+    out = {
+        "graph": g.name,
+        "stages": res.stages,
+        "requests": args.requests,
+        "measured": {"throughput": res.throughput, "latency": res.latency},
+        "simulated": {
+            "throughput": sim.throughput,
+            "latency": sim.latency_first,
+            "period": sim.period,
+        },
+        "unsplit": {
+            "throughput": res.unsplit_throughput,
+            "latency": res.unsplit_latency,
+            "threads": res.stages,
+        },
+        "queue_bandwidth": res.queue_bandwidth,
+    }
+    if args.json:
+        _print_json(out)
+        return 0
+    from rich.table import Table
+
+    con = _console()
+    con.print(
+        f"[bold]run[/bold]: {g.name}, {res.stages} stage processes, {args.requests} "
+        f"requests; queue bandwidth {res.queue_bandwidth / 1e9:.3g} GB/s"
+    )
+    t = Table()
+    for col in ("", "throughput (req/s)", "latency (ms)"):
+        t.add_column(col, justify="right")
+    t.add_row("pipelined, measured", f"{res.throughput:.4g}", f"{1e3 * res.latency:.4g}")
+    t.add_row("pipelined, simulated", f"{sim.throughput:.4g}", f"{1e3 * sim.latency_first:.4g}")
+    t.add_row(
+        f"unsplit, {res.stages} threads",
+        f"{res.unsplit_throughput:.4g}",
+        f"{1e3 * res.unsplit_latency:.4g}",
+    )
+    con.print(t)
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from solver.experiments import run_experiment
+
+    if args.jobs < 1:
+        raise MtppError(f"--jobs must be >= 1, got {args.jobs}")
+    records = run_experiment(
+        args.config,
+        args.output,
+        jobs=args.jobs,
+        resume=args.resume,
+        progress=not args.quiet and not args.json,
+    )
+    errors = [r for r in records if r.get("status") == "ERROR"]
+    if args.json:
+        _print_json({"output": args.output, "runs": len(records), "errors": len(errors)})
+    else:
+        con = _console()
+        con.print((Path(args.output) / "summary.md").read_text())
+        con.print(
+            f"{len(records)} runs; results in {args.output} (results.csv, summary.md, "
+            "ratio_by_method.png, time_vs_size.png)"
+        )
+        for r in errors[:5]:
+            con.print(f"[red]error[/red] {r['graph']} {r['method']}: {r.get('error')}")
+    return 0 if not errors else 1
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     from solver.methods import SolveOptions, solve
     from solver.plan import save_plan
@@ -636,6 +757,8 @@ COMMANDS = {
     "solve": cmd_solve,
     "simulate": cmd_simulate,
     "export": cmd_export,
+    "run": cmd_run,
+    "experiment": cmd_experiment,
 }
 
 

@@ -54,3 +54,47 @@ class SolveProgress:
     def __exit__(self, *exc) -> None:
         if self._status is not None:
             self._status.__exit__(*exc)
+
+
+class RunProgress:
+    """A progress bar of finished runs on stderr (rich); a plain line per run when stderr is
+    not a terminal; silent when disabled."""
+
+    def __init__(self, enabled: bool, total: int, done: int = 0):
+        self.enabled = enabled and sys.stderr is not None
+        self.total, self.done = total, done
+
+    def __enter__(self) -> RunProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._console = Console(stderr=True, highlight=False)
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self._console,
+                transient=False,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task("runs", total=self.total, completed=self.done)
+        return self
+
+    def advance(self, text: str) -> None:
+        self.done += 1
+        if self.enabled:
+            self._bar.update(self._task, advance=1, description=text[:60])
+            if not self._console.is_terminal:
+                self._console.print(f"[{self.done}/{self.total}] {text}")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.__exit__(*exc)

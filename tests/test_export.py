@@ -105,3 +105,15 @@ def test_optimal_plan_round_trip_through_export(tmp_path):
     plan = solve(g, c, "cpsat", SolveOptions(time_limit=30))
     report = export_plan(path, g, plan.assignment, tmp_path / "opt", verify=True)
     assert report["verify"]["ok"]
+
+
+def test_real_pipelined_run_of_two_stages(tmp_path, capsys):
+    model = ROOT / "models/small/transformer.onnx"
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(model), "-m", "time", "-k", "2", "--out", str(plan), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(model), str(plan), "--requests", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stages"] == 2
+    for key in ("measured", "simulated", "unsplit"):
+        assert out[key]["throughput"] > 0 and out[key]["latency"] > 0

@@ -1,4 +1,5 @@
-"""Random layered DAGs of any size, shaped like networks: chains of blocks with skip edges."""
+"""Generated workloads: random layered DAGs of any size, shaped like networks (chains of
+blocks with skip edges), for scaling experiments and benchmarks."""
 
 from __future__ import annotations
 
