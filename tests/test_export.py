@@ -117,3 +117,19 @@ def test_real_pipelined_run_of_two_stages(tmp_path, capsys):
     assert out["stages"] == 2
     for key in ("measured", "simulated", "unsplit"):
         assert out[key]["throughput"] > 0 and out[key]["latency"] > 0
+
+
+def test_external_weights_stay_external(tmp_path):
+    src = onnx.load(str(ROOT / "models/small/transformer.onnx"))
+    ext = tmp_path / "model" / "ext.onnx"
+    ext.parent.mkdir()
+    onnx.save(src, str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=1024)
+    g = load_graph(ext)
+    plan = solve(g, load_cluster("ipu-pod", devices=2), "time")
+    out = tmp_path / "sharded"
+    report = export_plan(ext, g, plan.assignment, out, verify=True)
+    assert report["verify"]["ok"]
+    for s in range(2):
+        assert (out / f"stage{s}.onnx.data").stat().st_size > 0
+        assert (out / f"stage{s}.onnx").stat().st_size < 100_000  # weights are not inline

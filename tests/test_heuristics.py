@@ -90,3 +90,13 @@ def test_heuristics_never_beat_the_optimum(method, key):
         assert plan.objective <= opt * 1.05
     if method == "idealdp":
         assert plan.status == "OPTIMAL" and plan.objective == pytest.approx(opt, rel=1e-9)
+
+
+def test_slicegraph_is_seeded_and_reproducible():
+    g = load_graph(bench_path("OperatorGraphs/bert_l-3_inference"))
+    c = resolve_cluster(g, devices=4)
+    opts = dict(time_limit=30, extra={"population": 6, "generations": 3})
+    a = solve(g, c, "slicegraph", SolveOptions(seed=7, **opts))
+    b = solve(g, c, "slicegraph", SolveOptions(seed=7, **opts))
+    assert a.assignment.tolist() == b.assignment.tolist()
+    assert a.stats["decodes"] == 6 + 3 * 5  # population, then all but the elite each generation
