@@ -442,7 +442,8 @@ def solve_cpsat(
                 "plan fits either; raise --time-limit"
             )
         a = hint
-        bound = None
+        # the bound CP-SAT proved before the time ran out is valid whatever the status
+        bound = solver.BestObjectiveBound() / model.S
     else:
         a = model.read(solver)[labels]
         bound = solver.BestObjectiveBound() / model.S
