@@ -90,6 +90,58 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph_options(p)
     _add_json(p)
 
+    methods = ", ".join(METHODS)
+    p = sub.add_parser(
+        "solve",
+        help="compute a plan with a chosen method (exact or heuristic)",
+        description=textwrap.dedent(
+            f"""\
+            Compute a plan that minimises the bottleneck block cost max f(S) (maximises
+            throughput). Methods: {methods}.
+            'cpsat' is exact: it proves a lower bound and reports OPTIMAL only with a proof;
+            the others are heuristics (their bound is the universal averaging bound)."""
+        ),
+        epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
+        "  mtpp solve model.onnx --devices 4 --method slicegraph --json",
+        formatter_class=_formatter,
+    )
+    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
+    p.add_argument(
+        "--method", "-m", default="cpsat", choices=list(METHODS), help="solver (default cpsat)"
+    )
+    p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
+    s = p.add_argument_group("search")
+    s.add_argument(
+        "--time-limit", type=float, default=60.0, metavar="SEC", help="wall-time limit (default 60)"
+    )
+    s.add_argument("--workers", type=int, default=0, help="CP-SAT workers (default: all cores)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        metavar="REL",
+        help="stop once the relative gap is at most REL, e.g. 0.01 (default 0: prove optimality)",
+    )
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    m = p.add_argument_group("method options")
+    m.add_argument(
+        "--optimal-perf",
+        action="store_true",
+        help="poprt: keep balancing compute and return the best scheme (default: first that fits)",
+    )
+    m.add_argument("--sharding", metavar="FILE.yaml", help="manual: the sharding points")
+    m.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, e.g. --set population=50 --set generations=30 (slicegraph), "
+        "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt)",
+    )
+    _add_graph_options(p)
+    _add_json(p)
+
     p = sub.add_parser(
         "evaluate",
         help="cost of a given plan: objective and per-block table",
@@ -196,57 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     _add_json(p)
 
-    methods = ", ".join(METHODS)
-    p = sub.add_parser(
-        "solve",
-        help="compute a plan with a chosen method (exact or heuristic)",
-        description=textwrap.dedent(
-            f"""\
-            Compute a plan that minimises the bottleneck block cost max f(S) (maximises
-            throughput). Methods: {methods}.
-            'cpsat' is exact: it proves a lower bound and reports OPTIMAL only with a proof;
-            the others are heuristics (their bound is the universal averaging bound)."""
-        ),
-        epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
-        "  mtpp solve model.onnx --devices 4 --method slicegraph --json",
-        formatter_class=_formatter,
-    )
-    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
-    p.add_argument(
-        "--method", "-m", default="cpsat", choices=list(METHODS), help="solver (default cpsat)"
-    )
-    p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
-    s = p.add_argument_group("search")
-    s.add_argument(
-        "--time-limit", type=float, default=60.0, metavar="SEC", help="wall-time limit (default 60)"
-    )
-    s.add_argument("--workers", type=int, default=0, help="CP-SAT workers (default: all cores)")
-    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    s.add_argument(
-        "--gap",
-        type=float,
-        default=0.0,
-        metavar="REL",
-        help="stop once the relative gap is at most REL, e.g. 0.01 (default 0: prove optimality)",
-    )
-    s.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
-    m = p.add_argument_group("method options")
-    m.add_argument(
-        "--optimal-perf",
-        action="store_true",
-        help="poprt: keep balancing compute and return the best scheme (default: first that fits)",
-    )
-    m.add_argument("--sharding", metavar="FILE.yaml", help="manual: the sharding points")
-    m.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a method option, e.g. --set population=50 --set generations=30 (slicegraph), "
-        "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt)",
-    )
-    _add_graph_options(p)
-    _add_json(p)
     return parser
 
 
