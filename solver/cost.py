@@ -214,21 +214,59 @@ def validate(
 
 
 def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
-    """A bound no plan with k blocks can beat, from averages and single nodes.
+    """A bound no plan with k blocks can beat, from averages and from each node's neighbourhood.
 
-    Sum over blocks of f >= total work + max(0, all params + largest act - k*M) / B_mem (overflow
-    is convex and every parameter is stored at least once), so max f >= that sum / k. And the
-    block holding node v costs at least work(v) + its own overflow.
+    - Sum over blocks of f >= total work + max(0, all params + largest act - k*M) / B_mem
+      (overflow is convex and every parameter is stored at least once), so max f >= that / k.
+    - The block S holding a node v pays work(v) and v's own overflow, and for every producer p
+      of v's inputs either work(p) (p in S) or the io of what v reads from p (p outside); and
+      for v's outputs either the work of all their consumers (inside) or the io of sending
+      them. Each neighbour's work is credited once, so the sum of these minima is a valid
+      bound. It is computed on the coarse view (co-location groups merged), where it is
+      stronger and still holds for every valid plan.
     """
+    from solver.graph import coarse_view
+
     k = cluster.devices if k is None else k
     Bm = cluster.slow_memory_bandwidth
     M = cluster.fast_memory
     total = float(g.work.sum())
-    node_lb = g.work.copy()
     if not math.isinf(M):
         total += max(0.0, g.param_bytes_total + float(g.act.max()) - k * M) / Bm
-        own = np.zeros(g.n)
+    cg, _ = coarse_view(g)
+    return max(total / k, float(node_bounds(cg, cluster).max()))
+
+
+def node_bounds(g: Graph, cluster: Cluster) -> np.ndarray:
+    """For every node v, a lower bound on f of any block containing v (see lower_bound)."""
+    n = g.n
+    B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
+    lb = g.work.copy()
+    if not math.isinf(M):
+        own = np.zeros(n)
         if g.num_params:
             np.add.at(own, g.p_users, g.p_size[g.pair_param])
-        node_lb += np.maximum(0.0, own + g.act - M) / Bm
-    return max(total / k, float(node_lb.max()))
+        lb += np.maximum(0.0, own + g.act - M) / Bm
+    io = g.t_size / B
+    pt = g.pair_tensor
+    prod = g.t_producer[pt]
+    cons = g.t_cons
+    # inputs: per (consumer v, producer p): min(work(p), io of the tensors v reads from p)
+    if len(pt):
+        keys, inv = np.unique(cons * n + prod, return_inverse=True)
+        io_sum = np.bincount(inv, weights=io[pt], minlength=len(keys))
+        v, p = keys // n, keys % n
+        np.add.at(lb, v, np.minimum(g.work[p], io_sum))
+        # outputs: per tensor, min(io, work of its consumers that are not also producers of
+        # the same node's inputs); a node with several tensors gets the largest (no consumer
+        # is credited twice)
+        # consumer c of v's tensor is also a producer of v's inputs when (v, c) is a pair above
+        pred_keys = np.unique(keys)
+        is_pred = np.isin(prod * n + cons, pred_keys)
+        w_out = np.bincount(pt, weights=np.where(is_pred, 0.0, g.work[cons]),
+                            minlength=g.num_tensors)
+        per_tensor = np.minimum(io, w_out)
+        best = np.zeros(n)
+        np.maximum.at(best, g.t_producer, per_tensor)
+        lb += best
+    return lb

@@ -75,6 +75,15 @@ def test_regression_large_coefficients_do_not_fake_optimality():
     assert plan.lower_bound <= truth.objective
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_universal_lower_bound_never_exceeds_the_optimum(prob):
+    g, c = prob
+    truth = brute_force(g, c)
+    if truth is not None:
+        assert lower_bound(g, c) <= truth.objective * (1 + 1e-12) + 1e-12
+
+
 def test_cpsat_infeasible_single_node_named():
     g = Graph.build(["a", "big"], [1, 1], [0, 0], [(0, 1)], params=[("w", 100, [1])])
     c = Cluster("t", 2, capacity=50)
