@@ -195,6 +195,13 @@ def _conv_bn_relu(
     return b.op("Relu", [y]) if relu else y
 
 
+def _image_model(b: Builder, name: str, out: str, batch: int, image: int):
+    """The finished model of a CNN reading ``image`` [batch, 3, image, image], and its params."""
+    inputs = [helper.make_tensor_value_info("image", F, [batch, 3, image, image])]
+    model = b.model(name, inputs, [helper.make_tensor_value_info(out, F, None)])
+    return model, b.params
+
+
 def _head(b: Builder, x: str, c: int, classes: int) -> str:
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
     w = b.weight("fc.w", [classes, c])
@@ -229,12 +236,7 @@ def resnet(
             x = b.op("Relu", [b.op("Add", [h, skip])])
             c = c_out
     out = _head(b, x, c, classes)
-    model = b.model(
-        "resnet",
-        [helper.make_tensor_value_info("image", F, [batch, 3, image, image])],
-        [helper.make_tensor_value_info(out, F, None)],
-    )
-    return model, b.params
+    return _image_model(b, "resnet", out, batch, image)
 
 
 def inception(
@@ -262,12 +264,7 @@ def inception(
         if i % 2 == 1:
             x = b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
     out = _head(b, x, c, classes)
-    model = b.model(
-        "inception",
-        [helper.make_tensor_value_info("image", F, [batch, 3, image, image])],
-        [helper.make_tensor_value_info(out, F, None)],
-    )
-    return model, b.params
+    return _image_model(b, "inception", out, batch, image)
 
 
 def unet(
@@ -299,12 +296,7 @@ def unet(
         c = c_skip
     w = b.weight("out.w", [classes, c, 1, 1])
     out = b.op("Conv", [x, w], base="mask", kernel_shape=[1, 1])
-    model = b.model(
-        "unet",
-        [helper.make_tensor_value_info("image", F, [batch, 3, image, image])],
-        [helper.make_tensor_value_info(out, F, None)],
-    )
-    return model, b.params
+    return _image_model(b, "unet", out, batch, image)
 
 
 BUILDERS = {

@@ -59,6 +59,11 @@ def _add_graph_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_and_plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
+    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+
+
 def _add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -197,8 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  mtpp export model.onnx plan.json --out sharded/ --verify",
         formatter_class=_formatter,
     )
-    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
-    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    _add_model_and_plan(p)
     p.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder (replaced)")
     p.add_argument(
         "--verify",
@@ -222,8 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  mtpp run models/small/transformer.onnx plan.json --requests 200",
         formatter_class=_formatter,
     )
-    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
-    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    _add_model_and_plan(p)
     p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     _add_graph_options(p)

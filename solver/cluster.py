@@ -10,10 +10,10 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from solver.errors import MtppError
+from solver.files import read_yaml
 from solver.units import format_bytes, format_rate, format_time, parse_quantity
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -155,10 +155,5 @@ def load_cluster(spec: str | Path | None = None, devices: int | None = None) -> 
         raise MtppError(
             f"cluster {spec!r}: no such file or preset; presets are {', '.join(preset_names())}"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise MtppError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise MtppError(f"{path}: cannot read ({e.strerror})") from None
+    data = read_yaml(path, "cluster file")
     return cluster_from_dict(data, str(path)).with_devices(devices)

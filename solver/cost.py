@@ -263,8 +263,9 @@ def node_bounds(g: Graph, cluster: Cluster) -> np.ndarray:
         # consumer c of v's tensor is also a producer of v's inputs when (v, c) is a pair above
         pred_keys = np.unique(keys)
         is_pred = np.isin(prod * n + cons, pred_keys)
-        w_out = np.bincount(pt, weights=np.where(is_pred, 0.0, g.work[cons]),
-                            minlength=g.num_tensors)
+        w_out = np.bincount(
+            pt, weights=np.where(is_pred, 0.0, g.work[cons]), minlength=g.num_tensors
+        )
         per_tensor = np.minimum(io, w_out)
         best = np.zeros(n)
         np.maximum.at(best, g.t_producer, per_tensor)

@@ -24,11 +24,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from solver.errors import MtppError
-from solver.plan import write_json_atomic
+from solver.files import read_yaml, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DNNPART = Path(os.environ.get("MTPP_BENCH", ROOT.parent / "shared/benchmarks/dnn-partitioning"))
@@ -124,12 +123,7 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
     from solver.methods import METHODS
 
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise MtppError(f"{path}: no such experiment config") from None
-    except yaml.YAMLError as e:
-        raise MtppError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml(path, "experiment config")
     if not isinstance(data, dict):
         raise MtppError(f"{path}: an experiment config is a mapping (graphs, methods, ...)")
     try:
@@ -469,6 +463,17 @@ def summary_markdown(rows: list[dict], name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save_figure(fig, path: Path) -> None:
+    """Save a matplotlib figure atomically (temporary file, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
 def plot_results(rows: list[dict], out: Path) -> None:
     """ratio_by_method.png (ratio to exact by method and k) and time_vs_size.png."""
     import matplotlib
@@ -497,10 +502,7 @@ def plot_results(rows: list[dict], out: Path) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(methods))], methods, rotation=30)
     ax.set_ylabel("objective / exact optimum (geo. mean)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / ".ratio_by_method.png.tmp.png", dpi=110)
-    os.replace(out / ".ratio_by_method.png.tmp.png", out / "ratio_by_method.png")
-    plt.close(fig)
+    _save_figure(fig, out / "ratio_by_method.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     for m in methods:
         pts = [
@@ -516,7 +518,4 @@ def plot_results(rows: list[dict], out: Path) -> None:
     ax.set_xlabel("nodes")
     ax.set_ylabel("wall seconds")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / ".time_vs_size.png.tmp.png", dpi=110)
-    os.replace(out / ".time_vs_size.png.tmp.png", out / "time_vs_size.png")
-    plt.close(fig)
+    _save_figure(fig, out / "time_vs_size.png")

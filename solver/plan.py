@@ -7,10 +7,7 @@ the re-evaluated objective.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import numpy as np
 from solver.cluster import Cluster
 from solver.cost import Evaluation, evaluate, validate
 from solver.errors import MtppError
+from solver.files import read_json, write_json_atomic
 from solver.graph import Graph
 
 PLAN_FORMAT = "mtpp-plan"
@@ -134,21 +132,6 @@ def make_plan(
     return plan
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_plan(plan: Plan, path: str | Path) -> None:
     """Write a plan as JSON (atomically)."""
     write_json_atomic(path, plan.to_dict())
@@ -160,14 +143,7 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
     Refuses plans that name unknown nodes, miss nodes, or were made for another graph.
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MtppError(f"{path}: no such plan file") from None
-    except json.JSONDecodeError as e:
-        raise MtppError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MtppError(f"{path}: cannot read plan ({e})") from None
+    data = read_json(path, "plan file")
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
     if data.get("version") != PLAN_VERSION:

@@ -123,8 +123,14 @@ def test_external_weights_stay_external(tmp_path):
     src = onnx.load(str(ROOT / "models/small/transformer.onnx"))
     ext = tmp_path / "model" / "ext.onnx"
     ext.parent.mkdir()
-    onnx.save(src, str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="ext.onnx.data", size_threshold=1024)
+    onnx.save(
+        src,
+        str(ext),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.onnx.data",
+        size_threshold=1024,
+    )
     g = load_graph(ext)
     plan = solve(g, load_cluster("ipu-pod", devices=2), "time")
     out = tmp_path / "sharded"

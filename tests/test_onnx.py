@@ -376,8 +376,9 @@ def test_every_zoo_model_imports_and_solves():
 
 
 def test_measured_work_profiles_this_machine():
-    g = load_graph(Path(__file__).resolve().parents[1] / "models/small/resnet.onnx",
-                   work="measured")
+    g = load_graph(
+        Path(__file__).resolve().parents[1] / "models/small/resnet.onnx", work="measured"
+    )
     assert g.hints["work_model"] == "measured"
     convs = [i for i, op in enumerate(g.op_types) if op == "Conv"]
     assert all(g.work[i] > 0 for i in convs)  # every conv kernel was timed

@@ -16,6 +16,7 @@ import numpy as np
 import yaml
 
 from solver.errors import MtppError
+from solver.files import read_yaml
 from solver.graph import Graph
 
 
@@ -28,14 +29,7 @@ class ShardPoint:
 
 def read_sharding(path: str | Path) -> list[ShardPoint]:
     """Parse and validate a manual-sharding YAML file."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise MtppError(f"{path}: no such sharding file") from None
-    except yaml.YAMLError as e:
-        raise MtppError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    return parse_sharding(data, str(path))
+    return parse_sharding(read_yaml(path, "sharding file"), str(path))
 
 
 def parse_sharding(data: object, where: str = "sharding") -> list[ShardPoint]:

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from solver.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.errors import MtppError
+from solver.files import read_json
 from solver.graph import Graph
 
 GRAPH_FORMATS = "an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON"
-
-
-def read_json(path: Path) -> object:
-    """Parse a JSON file, turning every failure into one clear :class:`MtppError`."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise MtppError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise MtppError(f"{path}: is a folder, expected a file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MtppError(f"{path}: cannot read ({e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise MtppError(
-            f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
-        ) from None
 
 
 def load_graph(path: str | Path, **onnx_options) -> Graph:
