@@ -14,6 +14,9 @@ from pathlib import Path
 
 from solver.errors import MtppError
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def read_text(path: str | Path, what: str = "file") -> str:
     path = Path(path)
@@ -53,6 +56,7 @@ def write_json_atomic(path: str | Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=1)
             fh.write("\n")
