@@ -43,9 +43,9 @@ from solver.graph import Graph, coarse_view
 from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
-# Every coefficient stays below 2^30: OR-Tools 9.15's presolve overflows on a coefficient above
-# 2^31 on a Boolean term and then proves wrong optima (google/or-tools#5293; a regression test
-# in tests/test_exact.py reproduces it at a larger scale).
+# Every coefficient stays below 2^30 and the presolve step that overflows is switched off
+# (solve_cpsat): OR-Tools 9.15 keeps activities in a 32-bit int there and then proves wrong
+# optima (google/or-tools#5293; tests/test_exact.py keeps a 7-node case that showed it).
 MAX_COEF = 2**30
 
 
@@ -414,6 +414,10 @@ def solve_cpsat(
     if opts.gap > 0:
         p.relative_gap_limit = opts.gap
     p.log_search_progress = opts.log
+    # OR-Tools 9.15 keeps linear activities in a 32-bit int in ProcessAtMostOneAndLinear and
+    # then certifies wrong optima (google/or-tools#5293); our block-cost sums exceed 2^31, so
+    # that presolve step is switched off (the issue reports it is often faster without it)
+    p.presolve_inclusion_work_limit = 0
     for key, val in opts.params.items():
         setattr(p, key, val)
     cb = _Progress(model.S, t0, opts.on_progress)
