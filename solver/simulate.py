@@ -16,6 +16,12 @@ Modes:
 - ``overlap=True``: each device has separate receive, compute and send engines, so transfers
   overlap compute; the period is max over devices of the slowest engine, never slower.
 
+Training graphs carry data-only edges from later devices back to earlier ones (the backward
+pass). Devices are ordered by the forward edges, and a transfer against that order is taken to
+be available within the same request's cycle (as in a 1F1B schedule, where the backward
+activations of request r meet the forward pass of a later request); its transfer time is still
+paid on both devices.
+
 Everything the simulator needs is rebuilt here from the graph, node by node and tensor by
 tensor, independently of :mod:`solver.cost`; the test suite checks that the simulated period
 equals the evaluator's objective.
