@@ -165,3 +165,17 @@ def test_manual_yaml_solve_and_evaluate(toy, tmp_path, capsys):
     assert code == 2 and "needs --sharding" in err
     code, _, err = run(capsys, "solve", toy, "-m", "slicegraph", "--set", "population")
     assert code == 2 and "KEY=VALUE" in err
+
+
+def test_simulate_cli(toy, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    run(capsys, "solve", toy, "--out", plan, "-q")
+    png = tmp_path / "g.png"
+    code, out, _ = run(capsys, "simulate", toy, plan, "--json", "--gantt", png, "--requests", "50")
+    d = json.loads(out)
+    assert code == 0 and d["valid"] and d["period"] == pytest.approx(4.0)
+    assert png.stat().st_size > 1000
+    code, out, _ = run(capsys, "simulate", toy, plan, "--json", "--mode", "sequential")
+    assert json.loads(out)["period"] == pytest.approx(8.0)  # one device busy at a time: 4 + 4
+    code, _, err = run(capsys, "simulate", toy, plan, "--requests", "0")
+    assert code == 2 and "--requests must be >= 1" in err
