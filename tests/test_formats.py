@@ -107,6 +107,13 @@ def test_bad_native_files(tmp_path, text, match):
         load_graph(write(tmp_path, text))
 
 
+def test_unknown_file_type(tmp_path):
+    p = tmp_path / "model.pb"
+    p.write_bytes(b"\x08\x01binary")
+    with pytest.raises(MtppError, match="unknown graph file type '.pb'"):
+        load_graph(p)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(MtppError, match="no such file"):
         load_graph(tmp_path / "nope.json")

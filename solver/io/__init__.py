@@ -24,7 +24,15 @@ def load_graph(path: str | Path, **onnx_options) -> Graph:
         from solver.io.onnx_import import load_onnx
 
         return load_onnx(path, **onnx_options)
-    data = read_json(path)
+    try:
+        data = read_json(path)
+    except MtppError:
+        if path.suffix.lower() != ".json":  # not JSON and not named like it: say what we read
+            raise MtppError(
+                f"{path}: unknown graph file type {path.suffix or '(no suffix)'!r}; expected "
+                f"{GRAPH_FORMATS}"
+            ) from None
+        raise
     from solver.io import dnnpart, native
 
     if native.looks_like(data):
