@@ -228,12 +228,7 @@ def fix_dims(model, dims: dict[str, int]) -> list[str]:
             elif key in dims:
                 val = dims[key]
                 used.add(key)
-            elif (
-                axis == 0
-                and (not name or BATCH_LIKE.search(name) or name.startswith("unk"))
-                or name
-                and BATCH_LIKE.search(name)
-            ):
+            elif _batch_like(axis, name):
                 val = 1
             else:
                 unknown.append(f"{inp.name} axis {axis}" + (f" ({name!r})" if name else ""))
