@@ -218,9 +218,7 @@ class _Model:
                 self.peak_b[b] = pk
                 pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
                 if self.use_cap:
-                    m.Add(
-                        sum(c * v for c, v in pterms) + pk <= int(math.floor(cap / self.mem_unit))
-                    )
+                    m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
                 if self.use_over:
                     f = S / Bm
                     act_t = np.floor(g.act * f).astype(np.int64)
@@ -236,7 +234,7 @@ class _Model:
                     over_terms = [
                         (int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b
                     ]
-                    m.Add(ov >= sum(c * v for c, v in over_terms) + pt - int(math.ceil(M * f)))
+                    m.Add(ov >= _wsum(over_terms) + pt - int(math.ceil(M * f)))
                     self.ov[b] = ov
                     self.terms[b].append((1, ov))
 
@@ -245,7 +243,7 @@ class _Model:
         max_f += sum(self.ov_hi)
         self.T = T = m.NewIntVar(0, max(1, max_f), "T")
         for b in range(k):
-            m.Add(sum(c * v for c, v in self.terms[b]) <= T)
+            m.Add(_wsum(self.terms[b]) <= T)
         # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
         # (clamped to the hint's integer cost, which rounding can put a few units lower)
         lb_int = int(math.floor(lower_bound(g, cluster) * S * (1 - 1e-12)))
@@ -258,8 +256,9 @@ class _Model:
         # redundant cuts: prefix and suffix work
         for b in range(k - 1):
             pre = [(int(self.w_int[v]), le[v][b]) for v in range(n) if self.w_int[v]]
-            m.Add(sum(c * v for c, v in pre) <= (b + 1) * T)
-            m.Add(sum(c * (1 - v) for c, v in pre) <= (k - 1 - b) * T)
+            total_w = sum(c for c, _ in pre)
+            m.Add(_wsum(pre) <= (b + 1) * T)
+            m.Add(total_w - _wsum(pre) <= (k - 1 - b) * T)  # the work of blocks b+1..k-1
         # symmetry: empty blocks at the end
         self.used = []
         for b in range(k):
@@ -333,6 +332,14 @@ class _Model:
         return a
 
 
+def _wsum(pairs: list[tuple[int, object]]):
+    """sum(c * v) built by CP-SAT in one call (Python's sum is slow on long expressions)."""
+    if not pairs:
+        return 0
+    coefs, lits = zip(*pairs, strict=True)
+    return cp_model.LinearExpr.WeightedSum(list(lits), list(coefs))
+
+
 def _closure_work(g: Graph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Total integer work of the strict ancestors and of the strict descendants of every node.
 
@@ -354,11 +361,14 @@ def _closure_work(g: Graph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for u in sidx[sptr[v] : sptr[v + 1]].tolist():
             bits |= desc[u] | (1 << u)
         desc[v] = bits
-    wl = w.tolist()
-    nz = [i for i, x in enumerate(wl) if x]
+    nbytes = (g.n + 7) // 8
+    w = np.asarray(w, dtype=np.int64)
 
-    def total(bits: int) -> int:
-        return sum(wl[i] for i in nz if bits >> i & 1)
+    def total(bits: int) -> int:  # the weight of the set bits, unpacked in C
+        flags = np.unpackbits(
+            np.frombuffer(bits.to_bytes(nbytes, "little"), np.uint8), bitorder="little"
+        )[: g.n]
+        return int(w[flags.astype(bool)].sum())
 
     return (
         np.array([total(b) for b in anc], dtype=np.int64),
