@@ -116,7 +116,17 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
         seed=opts.seed,
         time_limit=opts.time_limit,
     )
-    val, ca, stats = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
+    from solver.progress import SolveProgress
+
+    bound = lower_bound(g, cluster)
+    with SolveProgress(enabled=opts.progress, title=f"slicegraph {g.name}") as prog:
+        val, ca, stats = brkga(
+            cg,
+            cluster,
+            bo,
+            seeds=[cg.topo_order, depth_first_order(cg)],
+            on_improve=lambda best, elapsed: prog.update(best, bound, elapsed),
+        )
     if ca is None:
         raise MtppError(
             f"slicegraph found no plan of {g.name!r} that fits the device capacity; "

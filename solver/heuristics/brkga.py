@@ -38,10 +38,12 @@ def brkga(
     cluster: Cluster,
     opts: BrkgaOptions,
     seeds: list[np.ndarray] = (),
+    on_improve=None,
 ) -> tuple[float, np.ndarray | None, dict]:
     """Best (bottleneck, assignment) over the decoded orders, and search statistics.
 
-    ``seeds`` are orders to inject into the first population (as keys = their positions).
+    ``seeds`` are orders to inject into the first population (as keys = their positions);
+    ``on_improve(best, elapsed)`` is called whenever the best slicing improves.
     """
     rng = np.random.default_rng(opts.seed)
     t0 = time.perf_counter()
@@ -66,6 +68,8 @@ def brkga(
         val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper)
         if a is not None and val < best_val:
             best_val, best_a = val, a
+            if on_improve is not None:
+                on_improve(best_val, time.perf_counter() - t0)
         return val
 
     fit = np.array([decode(ind) for ind in pop])
