@@ -23,7 +23,7 @@ class SolveProgress:
             from rich.console import Console
 
             self._console = Console(stderr=True, highlight=False)
-            self._status = self._console.status(f"{self.title}: building model")
+            self._status = self._console.status(f"{self.title}: starting")
             self._status.__enter__()
             self._t0 = self._last = time.perf_counter()
         return self
