@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -298,9 +299,15 @@ def infer_shapes(model) -> dict[str, tuple[tuple[int, ...] | None, int]]:
         try:
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-            with warnings.catch_warnings():
+            # it may write scratch files into the working directory: give it a private one
+            with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
                 warnings.simplefilter("ignore")
-                sym = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True)
+                here = os.getcwd()
+                os.chdir(tmp)
+                try:
+                    sym = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True)
+                finally:
+                    os.chdir(here)
             if sym is not None:
                 for name, val in _shape_map(sym).items():
                     if shapes.get(name, (None, 0))[0] is None:
@@ -369,10 +376,13 @@ def _fold_constants(light, shapes):
 
 
 def _missing(model, shapes) -> list[str]:
+    """Tensors someone reads (or the model outputs) whose shape is still unknown."""
+    g = model.graph
+    read = {x for node in g.node for x in node.input if x} | {o.name for o in g.output}
     out = []
-    for node in model.graph.node:
+    for node in g.node:
         for o in node.output:
-            if o and shapes.get(o, (None, 0))[0] is None:
+            if o and o in read and shapes.get(o, (None, 0))[0] is None:
                 out.append(o)
     return out
 
