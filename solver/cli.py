@@ -474,8 +474,8 @@ def _plan_assignment(args, g, cluster):
     if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
         from solver.heuristics.manual import manual_assignment, read_sharding
 
-        a, _ = manual_assignment(g, read_sharding(args.plan))
-        data = {"method": "manual"}
+        a, stages = manual_assignment(g, read_sharding(args.plan))
+        data = {"method": "manual", "stages": stages}
     else:
         a, data = read_plan_assignment(g, args.plan)
     if args.cluster is None and isinstance(data.get("cluster"), dict):
@@ -559,11 +559,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     g, cluster = _load(args)
     a, data, cluster = _plan_assignment(args, g, cluster)
-    stages = None
-    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
-        from solver.heuristics.manual import manual_assignment, read_sharding
-
-        a, stages = manual_assignment(g, read_sharding(args.plan))
+    stages = data.get("stages")  # the stages a manual-sharding YAML states
     report = export_plan(
         args.graph,
         g,

@@ -237,16 +237,21 @@ def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
     return max(total / k, float(node_bounds(cg, cluster).max()))
 
 
+def own_param_bytes(g: Graph) -> np.ndarray:
+    """Bytes of the parameters each node uses (a shared weight counts for every user)."""
+    own = np.zeros(g.n)
+    if g.num_params:
+        np.add.at(own, g.p_users, g.p_size[g.pair_param])
+    return own
+
+
 def node_bounds(g: Graph, cluster: Cluster) -> np.ndarray:
     """For every node v, a lower bound on f of any block containing v (see lower_bound)."""
     n = g.n
     B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
     lb = g.work.copy()
     if not math.isinf(M):
-        own = np.zeros(n)
-        if g.num_params:
-            np.add.at(own, g.p_users, g.p_size[g.pair_param])
-        lb += np.maximum(0.0, own + g.act - M) / Bm
+        lb += np.maximum(0.0, own_param_bytes(g) + g.act - M) / Bm
     io = g.t_size / B
     pt = g.pair_tensor
     prod = g.t_producer[pt]

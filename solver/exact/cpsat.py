@@ -37,7 +37,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound, validate
+from solver.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.errors import MtppError
 from solver.graph import Graph, coarse_view
 from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
@@ -485,10 +485,7 @@ def _check_single_fits(g: Graph, cg: Graph, labels: np.ndarray, cluster: Cluster
     """Name the node or co-location group that alone exceeds the hard capacity."""
     if cluster.capacity is None:
         return
-    own = np.zeros(cg.n)
-    if cg.num_params:
-        np.add.at(own, cg.p_users, cg.p_size[cg.pair_param])
-    need = own + cg.act
+    need = own_param_bytes(cg) + cg.act
     bad = np.flatnonzero(need > cluster.capacity * (1 + 1e-12))
     if len(bad):
         v = int(bad[0])
