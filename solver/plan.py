@@ -24,6 +24,8 @@ PLAN_VERSION = 1
 OPTIMALITY_TOL = 1e-6
 
 OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
+INVALID = "INVALID"  # a plan that breaks a hard constraint (evaluate only; solvers refuse it)
+ERROR = "ERROR"  # an experiment run that failed; its record carries the reason
 
 
 @dataclass

@@ -9,47 +9,19 @@ plan is its device; a tensor consumed in an earlier stage than the one producing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
-import yaml
 
 from solver.errors import MtppError
-from solver.files import read_yaml
 from solver.graph import Graph
+from solver.io.sharding_yaml import ShardPoint, parse_sharding, read_sharding, to_sharding_yaml
 
-
-@dataclass(frozen=True)
-class ShardPoint:
-    node: str
-    device: int
-    stage: int
-
-
-def read_sharding(path: str | Path) -> list[ShardPoint]:
-    """Parse and validate a manual-sharding YAML file."""
-    return parse_sharding(read_yaml(path, "sharding file"), str(path))
-
-
-def parse_sharding(data: object, where: str = "sharding") -> list[ShardPoint]:
-    if isinstance(data, dict) and "sharding" in data:
-        data = data["sharding"]
-    if not isinstance(data, list) or not data:
-        raise MtppError(f"{where}: expected a list of {{node, device, stage}} entries")
-    out = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict) or "node" not in item or "device" not in item:
-            raise MtppError(f"{where}: entry {i} needs 'node' and 'device' (and optional 'stage')")
-        extra = set(item) - {"node", "device", "stage"}
-        if extra:
-            raise MtppError(f"{where}: entry {i} has unknown key {sorted(extra)[0]!r}")
-        dev, stage = item["device"], item.get("stage", item["device"])
-        for key, val in (("device", dev), ("stage", stage)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-                raise MtppError(f"{where}: entry {i}: {key} must be a whole number >= 0")
-        out.append(ShardPoint(str(item["node"]), int(dev), int(stage)))
-    return out
+__all__ = [
+    "ShardPoint",
+    "manual_assignment",
+    "parse_sharding",
+    "read_sharding",
+    "to_sharding_yaml",
+]
 
 
 def manual_assignment(g: Graph, points: list[ShardPoint]) -> tuple[np.ndarray, np.ndarray]:
@@ -84,24 +56,3 @@ def manual_assignment(g: Graph, points: list[ShardPoint]) -> tuple[np.ndarray, n
             f"the later stage {stage[u]}; a tensor must never go to an earlier stage"
         )
     return device, stage
-
-
-def to_sharding_yaml(g: Graph, device: np.ndarray, stage: np.ndarray | None = None) -> str:
-    """Sharding points that :func:`manual_assignment` maps back to exactly this plan.
-
-    A node is a point when it has no successor in its own block or a successor outside it.
-    Then a later block's walk never claims an earlier block's node first: on any path that
-    leaves a block there is a point of that block, and it comes earlier in topological order.
-    """
-    stage = device if stage is None else stage
-    same = device[g.e_src] == device[g.e_dst]
-    inside = np.zeros(g.n, dtype=bool)
-    outside = np.zeros(g.n, dtype=bool)
-    inside[g.e_src[same]] = True
-    outside[g.e_src[~same]] = True
-    points = [
-        {"node": g.names[v], "device": int(device[v]), "stage": int(stage[v])}
-        for v in g.topo_order.tolist()
-        if outside[v] or not inside[v]
-    ]
-    return yaml.safe_dump(points, sort_keys=False)

@@ -197,8 +197,8 @@ def export_plan(
     import onnx
     from onnx import TensorProto, helper
 
-    from solver.heuristics.manual import to_sharding_yaml
     from solver.io.onnx_import import check_external_paths, fix_dims, infer_shapes
+    from solver.io.sharding_yaml import to_sharding_yaml
 
     model_path, out_dir = Path(model_path), Path(out_dir)
     a = np.asarray(assignment, dtype=np.int64)
