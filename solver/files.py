@@ -64,3 +64,91 @@ def write_json_atomic(path: str | Path, data: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# ---------------------------------------------------------------------- output safety
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_file(
+    path: str | Path, inputs: list[str | Path] = (), what: str = "output"
+) -> Path:
+    """Refuse an output file that is an input, a folder, under a file, or not writable.
+
+    Returns the path. An existing regular file may be replaced (the user named it as the
+    output); the write itself must still go through a temporary name and a rename.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> (d / "g.json").write_text("{}")
+    2
+    >>> check_output_file(d / "g.json", [d / "g.json"])
+    Traceback (most recent call last):
+    ...
+    solver.errors.MtppError: ...: the output would overwrite an input file; choose another name
+    """
+    path = Path(path)
+    for x in inputs:
+        x = Path(x)
+        if path.resolve() == x.resolve() or _same_file(path, x):
+            raise MtppError(
+                f"{path}: the {what} would overwrite an input file; choose another name"
+            )
+    if path.is_dir():
+        raise MtppError(f"{path}: is a folder; give a file name for the {what}")
+    parent = path.parent
+    for anc in (parent, *parent.parents):
+        if anc.exists():
+            if not anc.is_dir():
+                raise MtppError(
+                    f"{path}: {anc} is a file, not a folder; choose another {what} path"
+                )
+            if not os.access(anc, os.W_OK | os.X_OK):
+                raise MtppError(f"{path}: cannot write in {anc} (permission denied)")
+            break
+    return path
+
+
+def check_output_dir(
+    path: str | Path, inputs: list[str | Path] = (), force: bool = False, what: str = "output"
+) -> Path:
+    """Refuse an output folder whose replacement would destroy something not asked for.
+
+    An existing non-empty folder is refused unless ``force``; even then never the current
+    folder, one of its ancestors, a folder holding an input, or an input itself. A file of that
+    name is never replaced by a folder. Returns the path (nothing is created or deleted here).
+    """
+    path = Path(path)
+    full = path.resolve()
+    cwd = Path.cwd().resolve()
+    for x in inputs:
+        xf = Path(x).resolve()
+        if full == xf:
+            raise MtppError(f"{path}: the {what} folder would replace an input; choose another")
+        if full in xf.parents:
+            raise MtppError(
+                f"{path}: holds the input {x}; choose an {what} folder that holds no input"
+            )
+    if path.exists() and not path.is_dir():
+        raise MtppError(f"{path}: is a file, not a folder; choose another {what} folder")
+    if full == cwd or full in cwd.parents:
+        raise MtppError(
+            f"{path}: is the current folder or one of its parents; choose a new {what} folder"
+        )
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise MtppError(
+            f"{path}: folder exists and is not empty; choose a new {what} folder, or pass "
+            "--force to replace it"
+        )
+    for anc in full.parents:
+        if anc.exists():
+            if not anc.is_dir():
+                raise MtppError(f"{path}: {anc} is a file, not a folder")
+            if not os.access(anc, os.W_OK | os.X_OK):
+                raise MtppError(f"{path}: cannot write in {anc} (permission denied)")
+            break
+    return path
