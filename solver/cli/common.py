@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -89,6 +90,21 @@ def console():
     if not con.is_terminal:  # pipes and files: do not squeeze tables into 80 columns
         con = Console(highlight=False, width=140)
     return con
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def esc(name: object) -> str:
+    r"""A user-provided name made safe to print through rich: markup escaped, control
+    characters shown as ``?`` (a node called ``[red]`` or holding an escape code prints as is).
+
+    >>> print(esc("[red]x\x1b"))
+    \[red]x?
+    """
+    from rich.markup import escape
+
+    return escape(_CONTROL.sub("?", str(name)))
 
 
 def fmt(x: float | None) -> str:
