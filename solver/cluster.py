@@ -1,23 +1,31 @@
 """The cluster: k devices with fast memory, optional hard capacity, compute and bandwidths.
 
 Presets live in ``configs/clusters/*.yaml`` (shipped inside the package as ``solver/presets``).
-A YAML file or preset is validated with pydantic; quantities accept readable units.
+A YAML file or preset is validated with pydantic; quantities accept readable units. Numbers are
+taken strictly: ``devices: true`` or ``devices: 2.7`` is refused, not coerced.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from solver.errors import MtppError
-from solver.files import read_yaml
+from solver.files import read_yaml, validation_message
 from solver.units import format_bytes, format_rate, format_time, parse_quantity
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_PRESET = "ipu-pod"
+# The most devices (pipeline stages) a cluster may have. Real pipelines use a few to a few
+# dozen stages (an IPU-POD256 has 256 IPUs); the solvers keep arrays of nodes x devices, so a
+# typo such as 100000 would exhaust memory instead of giving a useful plan.
+MAX_DEVICES = 1024
+MAX_NAME_CHARS = 1000  # as for node names (solver.graph.MAX_NAME_CHARS)
 
 
 @dataclass(frozen=True)
@@ -44,22 +52,37 @@ class Cluster:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise MtppError(f"cluster {self.name!r}: devices must be >= 1, got {self.devices}")
+        devices = _whole(self.devices)
+        if devices is None:
+            raise MtppError(f"cluster {self.name!r}: devices must be a whole number")
+        object.__setattr__(self, "devices", devices)  # a numpy integer becomes an int
+        if not 1 <= self.devices <= MAX_DEVICES:
+            raise MtppError(
+                f"cluster {self.name!r}: devices must be >= 1 and at most {MAX_DEVICES}, "
+                f"got {self.devices}"
+            )
         for f in ("compute", "memory_bandwidth", "link_bandwidth", "slow_memory_bandwidth"):
             v = getattr(self, f)
-            if not v > 0:
+            if not v > 0:  # also refuses NaN
                 raise MtppError(f"cluster {self.name!r}: {f} must be > 0, got {v}")
-        if self.fast_memory < 0 or (self.capacity is not None and self.capacity < 0):
-            raise MtppError(f"cluster {self.name!r}: memory sizes must be >= 0")
+        for f in ("fast_memory", "capacity"):
+            v = getattr(self, f)
+            if v is not None and not v >= 0:
+                raise MtppError(f"cluster {self.name!r}: {f} must be >= 0, got {v}")
+        if not 0 <= self.link_latency < math.inf:
+            raise MtppError(
+                f"cluster {self.name!r}: link_latency must be finite and >= 0, "
+                f"got {self.link_latency}"
+            )
 
     def with_devices(self, k: int | None) -> Cluster:
         """The same cluster with ``k`` devices (unchanged when ``k`` is None)."""
         if k is None:
             return self
-        if k < 1:
-            raise MtppError(f"--devices must be >= 1, got {k}")
-        return replace(self, devices=int(k))
+        n = _whole(k)
+        if n is None or not 1 <= n <= MAX_DEVICES:
+            raise MtppError(f"--devices must be >= 1 and at most {MAX_DEVICES}, got {k!r:.40}")
+        return replace(self, devices=n)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -80,32 +103,36 @@ class Cluster:
         )
 
 
+def _whole(x: object) -> int | None:
+    """``x`` as an int if it is a whole-number type (numpy integers too, not bools)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
 class ClusterConfig(BaseModel):
     """The YAML schema of a cluster file; unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = None
-    description: str = ""
-    devices: int = 4
-    fast_memory: str | float = "inf"
-    capacity: str | float | None = None
-    compute: str | float = 1e12
-    memory_bandwidth: str | float = 1e12
-    link_bandwidth: str | float = 1e9
-    slow_memory_bandwidth: str | float = 1e9
-    link_latency: str | float = 0.0
+    name: StrictStr | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    description: StrictStr = Field(default="", max_length=10_000)
+    devices: StrictInt = Field(default=4, ge=1, le=MAX_DEVICES)
+    # quantities: a number in base units or a string with a unit; parse_quantity checks them
+    fast_memory: Any = "inf"
+    capacity: Any = None
+    compute: Any = 1e12
+    memory_bandwidth: Any = 1e12
+    link_bandwidth: Any = 1e9
+    slow_memory_bandwidth: Any = 1e9
+    link_latency: Any = 0.0
 
-    @field_validator("devices")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    def to_cluster(self, default_name: str) -> Cluster:
+    def to_cluster(self, default_name: str, where: str = "cluster") -> Cluster:
         def q(field: str, kind: str) -> float:
-            return parse_quantity(getattr(self, field), kind, field)
+            return parse_quantity(getattr(self, field), kind, f"{where}: {field}")
 
         return Cluster(
             name=self.name or default_name,
@@ -133,10 +160,8 @@ def cluster_from_dict(data: object, where: str) -> Cluster:
     try:
         cfg = ClusterConfig.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise MtppError(f"{where}: key {loc!r}: {err['msg']}") from None
-    return cfg.to_cluster(Path(where).stem)
+        raise MtppError(validation_message(e, where, data)) from None
+    return cfg.to_cluster(Path(where).stem, where)
 
 
 def load_cluster(spec: str | Path | None = None, devices: int | None = None) -> Cluster:

@@ -8,57 +8,237 @@ same kind of one-line :class:`MtppError`; writes go to a temporary file and are 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from solver.errors import MtppError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
+# Inputs larger than this are refused before they are read: a JSON or YAML file becomes Python
+# objects about ten times its size, and the largest real cost graph we know is a few MiB.
+# MTPP_MAX_INPUT_MIB raises (or lowers) the limit for one run.
+MAX_INPUT_MIB = 64
+# A YAML file expands to at most this many values once its aliases are followed (a "billion
+# laughs" file of a few hundred bytes would otherwise expand to 10**9 values).
+MAX_YAML_VALUES = 1_000_000
 
-def read_text(path: str | Path, what: str = "file") -> str:
-    path = Path(path)
+
+def max_input_bytes() -> int:
+    """The input size limit in bytes: ``MTPP_MAX_INPUT_MIB`` if set, else MAX_INPUT_MIB."""
+    raw = os.environ.get("MTPP_MAX_INPUT_MIB")
+    if raw is None or not raw.strip():
+        return MAX_INPUT_MIB * 2**20
     try:
-        return path.read_text()
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise MtppError(f"MTPP_MAX_INPUT_MIB={raw!r}: give a whole number of MiB >= 1")
+    return mib * 2**20
+
+
+def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
+    """Refuse a missing path, a folder, or a device, pipe or socket (``/dev/zero`` would be read
+    forever); return the file's ``stat``."""
+    try:
+        st = os.stat(path)
     except FileNotFoundError:
         raise MtppError(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise MtppError(f"{path}: is a folder, expected a {what}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MtppError(f"{path}: cannot read ({e})") from None
+    except OSError as e:
+        raise MtppError(f"{path}: cannot read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise MtppError(f"{path}: is a folder, expected a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise MtppError(f"{path}: not a regular file (a device, pipe or socket); give a {what}")
+    return st
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of a regular file no larger than :func:`max_input_bytes`."""
+    path = Path(path)
+    st = check_regular_file(path, what)
+    limit = max_input_bytes()
+    if st.st_size > limit:
+        raise MtppError(
+            f"{path}: {st.st_size / 2**20:.0f} MiB is larger than the {limit // 2**20} MiB limit "
+            f"for a {what}; set MTPP_MAX_INPUT_MIB to raise it"
+        )
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)  # the file may have grown since the stat
+    except OSError as e:
+        raise MtppError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise MtppError(f"{path}: larger than the {limit // 2**20} MiB limit for a {what}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise MtppError(f"{path}: not UTF-8 text (byte {e.start}); expected a {what}") from None
+
+
+# ---------------------------------------------------------------------- JSON
+class _JsonRefusal(ValueError):
+    """A JSON value that parses but that we refuse (NaN, Infinity, duplicate key)."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise _JsonRefusal(f"{name} is not a number JSON allows; write a finite number")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise _JsonRefusal(f"the number {text[:40]} is too large for a float")
+    return x
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _JsonRefusal(f"duplicate key {dup[:80]!r}")
+    return out
 
 
 def read_json(path: str | Path, what: str = "file") -> object:
-    text = read_text(path, what)
+    """Parse a JSON file strictly: no NaN/Infinity, no number that overflows, no duplicate key."""
+    return parse_json(read_text(path, what), path)
+
+
+def parse_json(text: str, path: str | Path) -> object:
+    """Parse JSON text read from ``path`` (named in errors) with the checks of :func:`read_json`."""
     try:
-        return json.loads(text)
+        return json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=_no_duplicate_keys,
+        )
     except json.JSONDecodeError as e:
         raise MtppError(
             f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
         ) from None
+    except _JsonRefusal as e:
+        raise MtppError(f"{path}: not accepted: {e}") from None
+    except RecursionError:
+        raise MtppError(f"{path}: JSON nested too deeply (over about 1000 levels)") from None
+    except ValueError:  # an integer with more digits than Python converts (4300)
+        raise MtppError(f"{path}: not accepted: a number with thousands of digits") from None
+
+
+# ---------------------------------------------------------------------- YAML
+def _yaml_loader():
+    """A SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        dup = key in seen
+                        seen.add(key)
+                    except TypeError:  # an unhashable key: the base class explains it
+                        continue
+                    if dup:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {str(key)[:80]!r}", key_node.start_mark
+                        )
+            return super().construct_mapping(node, deep)
+
+    return Loader
+
+
+def _check_expansion(data: object, where: Path) -> None:
+    """Refuse a YAML value that refers to itself or expands to more than MAX_YAML_VALUES."""
+    count = 0
+    on_path: set[int] = set()
+    stack: list[tuple[object, bool]] = [(data, False)]
+    while stack:
+        obj, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(obj))
+            continue
+        count += 1
+        if count > MAX_YAML_VALUES:
+            raise MtppError(
+                f"{where}: expands to more than {MAX_YAML_VALUES:,} values (aliases repeated "
+                "many times, a 'billion laughs' file?); write the values out"
+            )
+        if isinstance(obj, (dict, list)):
+            if id(obj) in on_path:
+                raise MtppError(f"{where}: a YAML alias refers to a value that contains it")
+            on_path.add(id(obj))
+            stack.append((obj, True))
+            stack.extend((v, False) for v in (obj.values() if isinstance(obj, dict) else obj))
 
 
 def read_yaml(path: str | Path, what: str = "file") -> object:
+    """Parse a YAML file safely: no duplicate keys, no alias bombs, no deep nesting crash."""
     import yaml
 
     text = read_text(path, what)
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = " ".join(x for x in (e.context, e.problem) if x)
+        raise MtppError(f"{path}: not valid YAML ({problem}{where})") from None
     except yaml.YAMLError as e:
         raise MtppError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise MtppError(f"{path}: YAML nested too deeply (over about 1000 levels)") from None
+    except ValueError:  # an integer with more digits than Python converts (4300)
+        raise MtppError(f"{path}: not accepted: a number with thousands of digits") from None
+    _check_expansion(data, path)
+    return data
+
+
+# ---------------------------------------------------------------------- writing
+def json_safe(obj: object) -> object:
+    """``obj`` with numpy values made plain and NaN/Infinity replaced by None (JSON null).
+
+    Everything mtpp writes as JSON goes through here, so what it writes it can read back.
+    """
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        return x if math.isfinite(x) else None
+    return obj
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
     """Write JSON to a temporary file beside ``path`` and rename it into place."""
     path = Path(path)
+    text = json.dumps(json_safe(data), indent=1, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1)
+            fh.write(text)
             fh.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -152,3 +332,36 @@ def check_output_dir(
                 raise MtppError(f"{path}: cannot write in {anc} (permission denied)")
             break
     return path
+
+
+# ---------------------------------------------------------------------- validation messages
+def shown(value: object, limit: int = 40) -> str:
+    """A user's value for an error message: its repr, or a description when that is long."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"  # repr fails past 4300 digits
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    return f"a {type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'} items"
+
+
+def validation_message(err, where: str, data: object) -> str:
+    """One line for the first error of a pydantic ``ValidationError``: where, key, what, got.
+
+    The key path is taken from the data (pydantic also lists union members such as 'str').
+    """
+    first = err.errors()[0]
+    loc, node = [], data
+    for part in first["loc"]:
+        inside = isinstance(node, dict) and part in node
+        inside |= isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if inside:
+            node = node[part]
+            loc.append(str(part))
+        elif first["type"] == "missing" and part == first["loc"][-1]:
+            loc.append(str(part))
+    key = ".".join(loc) or "(top level)"
+    got = "" if first["type"] in ("missing", "extra_forbidden") else f", got {shown(node)}"
+    return f"{where}: key {key!r}: {first['msg']}{got}"

@@ -19,6 +19,7 @@ networkx is used only where an algorithm needs it (cycle reporting, strong compo
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -29,6 +30,9 @@ from solver.errors import MtppError
 
 IntArray = np.ndarray
 FloatArray = np.ndarray
+
+# Longest node, parameter or graph name a graph file may give (real ONNX names stay far below).
+MAX_NAME_CHARS = 1000
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, nrows: int) -> tuple[IntArray, IntArray]:
@@ -115,8 +119,11 @@ class Graph:
             raise MtppError(f"node name {dup!r} appears more than once; node names must be unique")
         work_a = _costs(work, n, names, "work")
         size_a = _costs(sizeout, n, names, "sizeout")
-        e = np.asarray(list(edges) if not isinstance(edges, np.ndarray) else edges, dtype=np.int64)
-        e = e.reshape(-1, 2)
+        try:
+            e = np.asarray(edges if isinstance(edges, np.ndarray) else list(edges), np.int64)
+            e = e.reshape(-1, 2)
+        except (TypeError, ValueError, OverflowError):
+            raise MtppError("edges must be pairs of node indices") from None
         if len(e) and (e.min() < 0 or e.max() >= n):
             bad = e[(e < 0).any(1) | (e >= n).any(1)][0]
             raise MtppError(f"edge {tuple(bad.tolist())} refers to a node index outside 0..{n - 1}")
@@ -138,12 +145,18 @@ class Graph:
 
         p_names, p_size, p_rows, p_cols = [], [], [], []
         for j, (pname, pbytes, users) in enumerate(params):
-            b = float(pbytes)
+            try:
+                b = float(pbytes) if not isinstance(pbytes, (bool, str)) else math.nan
+            except (TypeError, ValueError, OverflowError):
+                b = math.nan
             if not np.isfinite(b) or b < 0:
                 raise MtppError(
                     f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}"
                 )
-            us = np.unique(np.asarray(list(users), dtype=np.int64))
+            try:
+                us = np.unique(np.asarray(list(users), dtype=np.int64))
+            except (TypeError, ValueError, OverflowError):
+                raise MtppError(f"parameter {pname!r}: users must be node indices") from None
             if len(us) == 0:
                 raise MtppError(f"parameter {pname!r} has no user node")
             if us.min() < 0 or us.max() >= n:
@@ -342,7 +355,16 @@ def _reach(csr: tuple[IntArray, IntArray], v: int, n: int) -> IntArray:
 
 
 def _costs(values, n: int, names: Sequence[str], what: str) -> FloatArray:
-    a = np.asarray(values, dtype=np.float64)
+    """``values`` as a float array of one finite, non-negative number per node."""
+    if not isinstance(values, np.ndarray):
+        values = list(values)
+        for i, x in enumerate(values[:n]):
+            if isinstance(x, (bool, str)) or x is None:  # numpy would coerce these silently
+                raise MtppError(f"node {names[i]!r}: {what} must be a number, got {x!r:.40}")
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise MtppError(f"{what}: expected one number per node") from None
     if a.shape != (n,):
         raise MtppError(f"{what}: expected {n} values (one per node), got shape {a.shape}")
     bad = ~np.isfinite(a) | (a < 0)

@@ -45,37 +45,48 @@ def _scale(unit: str, base: str) -> float | None:
     return None
 
 
+MAX_QUANTITY_CHARS = 100  # longer strings are not quantities (and would slow the regex)
+
+
 def parse_quantity(value: object, kind: str, what: str = "value") -> float:
     """Parse a number or a string with a unit into base units (bytes, bytes/s, FLOP/s, s).
 
     ``kind`` is one of "bytes", "bandwidth", "flops", "time". Plain numbers are taken as base
-    units; "inf" means unlimited.
+    units; "inf" (or a YAML ``.inf``) means unlimited. Booleans, NaN, negative values and
+    numbers that overflow a float ("1e999GB") are refused.
 
     >>> parse_quantity("900MiB", "bytes")
     943718400.0
     >>> parse_quantity("64GB/s", "bandwidth")
     64000000000.0
     """
-    if isinstance(value, bool):
-        raise MtppError(f"{what}: expected a quantity in {KIND_UNITS[kind]}, got {value!r}")
-    if isinstance(value, (int, float)):
-        out = float(value)
-    elif isinstance(value, str):
+    units = KIND_UNITS[kind]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
+        raise MtppError(f"{what}: expected a quantity in {units}, got {shown}")
+    if isinstance(value, str):
         text = value.strip()
+        if len(text) > MAX_QUANTITY_CHARS:
+            raise MtppError(f"{what}: a quantity of {len(text)} characters; write e.g. {units}")
         if text.lower() in ("inf", "infinity", "unlimited"):
             return math.inf
         try:
             num, unit = _split(text)
         except ValueError:
             raise MtppError(
-                f"{what}: cannot read {value!r}; write a number with a unit in {KIND_UNITS[kind]}"
+                f"{what}: cannot read {value!r}; write a number with a unit in {units}"
             ) from None
         scale = _unit_scale(unit, kind)
         if scale is None:
-            raise MtppError(f"{what}: unknown unit {unit!r} in {value!r}; use {KIND_UNITS[kind]}")
+            raise MtppError(f"{what}: unknown unit {unit!r} in {value!r}; use {units}")
         out = num * scale
+        if math.isinf(out):
+            raise MtppError(f"{what}: {value!r} is too large; write 'inf' for unlimited")
     else:
-        raise MtppError(f"{what}: expected a quantity in {KIND_UNITS[kind]}, got {value!r}")
+        try:
+            out = float(value)
+        except OverflowError:
+            raise MtppError(f"{what}: the number is too large; write 'inf' for unlimited") from None
     if math.isnan(out) or out < 0:
         raise MtppError(f"{what}: must be a non-negative quantity, got {value!r}")
     return out

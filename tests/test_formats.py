@@ -1,6 +1,7 @@
 """Cost-graph formats: the dnn-partitioning importer and native JSON errors."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from solver.cluster import load_cluster
 from solver.cost import evaluate
 from solver.errors import MtppError
+from solver.files import read_yaml
 from solver.io import load_graph, resolve_cluster
 from solver.units import parse_quantity
 
@@ -141,3 +143,64 @@ def test_bad_cluster_yaml(tmp_path):
     p = write(tmp_path, "devices: 2\nlink_bandwidth: fast\n", "c.yaml")
     with pytest.raises(MtppError, match="link_bandwidth: cannot read 'fast'"):
         load_cluster(p)
+
+
+@pytest.mark.parametrize(
+    "value, kind, expected",
+    [
+        ("900MiB", "bytes", 900 * 2**20),
+        (" 2 GB ", "bytes", 2e9),
+        (1024, "bytes", 1024.0),
+        ("inf", "bytes", math.inf),
+        (math.inf, "bytes", math.inf),
+        ("100Gbit/s", "bandwidth", 12.5e9),
+        ("0s", "time", 0.0),
+    ],
+)
+def test_quantities_read(value, kind, expected):
+    assert parse_quantity(value, kind) == expected
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("1e999GB", "'1e999GB' is too large; write 'inf' for unlimited"),
+        ("-3GB", "must be a non-negative quantity, got '-3GB'"),
+        ("nan", "cannot read 'nan'"),
+        (math.nan, "must be a non-negative quantity, got nan"),
+        (True, "expected a quantity in B .*, got True"),
+        (None, "expected a quantity in B .*, got None"),
+        (10**400, "the number is too large"),
+        ("1" + " " * 200 + "x", "a quantity of 202 characters"),
+        ("3 parsecs", "unknown unit 'parsecs'"),
+    ],
+)
+def test_quantities_refused(value, match):
+    with pytest.raises(MtppError, match=match):
+        parse_quantity(value, "bytes", "fast_memory")
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path):
+    """A merge (<<) may be overridden by an explicit key; two explicit keys may not."""
+    p = write(tmp_path, "base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 5\n", "m.yaml")
+    assert read_yaml(p) == {"base": {"x": 1, "y": 2}, "other": {"x": 5, "y": 2}}
+    p = write(tmp_path, "other:\n  x: 1\n  y: 2\n  x: 5\n", "d.yaml")
+    with pytest.raises(MtppError, match="duplicate key 'x' at line 4 column 3"):
+        read_yaml(p)
+
+
+def test_dnn_partitioning_flags_and_classes(tmp_path):
+    """0/1 and booleans are both read as isBackwardNode; colour classes may be ints or names."""
+    d = {
+        "maxFPGAs": 3,
+        "nodes": [
+            {"id": 10, "name": "f", "fpgaLatency": 1, "isBackwardNode": 0, "colorClass": "L"},
+            {"id": 11, "name": "b", "fpgaLatency": 2, "isBackwardNode": True, "colorClass": "L"},
+            {"id": 12, "name": "x", "fpgaLatency": 3, "isBackwardNode": 1},
+        ],
+        "edges": [{"sourceId": 10, "destId": 11, "cost": 1.0}],
+    }
+    g = load_graph(write(tmp_path, json.dumps(d)))
+    assert g.work.tolist() == [1.0, 2.0, 3.0] and g.m == 0  # the only edge is backward
+    assert [m.tolist() for m in g.groups] == [[0, 1]]
+    assert resolve_cluster(g).devices == 3

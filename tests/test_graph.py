@@ -36,6 +36,12 @@ def test_cycle_is_rejected_with_node_name():
         ({"edges": [(0, 5)]}, "outside 0..1"),
         ({"edges": [(1, 1)]}, "node 'b' to itself"),
         ({"names": ["a", "a"]}, "'a' appears more than once"),
+        ({"work": [1, True]}, "node 'b': work must be a number, got True"),
+        ({"work": ["1", 1]}, "node 'a': work must be a number, got '1'"),
+        ({"sizeout": [0, None]}, "node 'b': sizeout must be a number, got None"),
+        ({"work": [1, 10**400]}, "work: expected one number per node"),
+        ({"edges": [(0, 10**400)]}, "edges must be pairs of node indices"),
+        ({"edges": [(0, "b")]}, "edges must be pairs of node indices"),
     ],
 )
 def test_bad_graphs_name_the_problem(kwargs, match):
@@ -43,6 +49,20 @@ def test_bad_graphs_name_the_problem(kwargs, match):
     args.update(kwargs)
     with pytest.raises(MtppError, match=match):
         Graph.build(args["names"], args["work"], args["sizeout"], args["edges"])
+
+
+@pytest.mark.parametrize(
+    "param, match",
+    [
+        (("w", 10**400, [0]), "bytes must be finite and >= 0, got 1000"),
+        (("w", True, [0]), "bytes must be finite and >= 0, got True"),
+        (("w", "8", [0]), "bytes must be finite and >= 0, got '8'"),
+        (("w", 8, [10**400]), "users must be node indices"),
+    ],
+)
+def test_bad_parameters_are_refused(param, match):
+    with pytest.raises(MtppError, match=match):
+        Graph.build(["a", "b"], [1, 1], [0, 0], [(0, 1)], params=[param])
 
 
 def test_queries():

@@ -1,16 +1,20 @@
 """The ``mtpp`` command line: one module per command, assembled here.
 
 Every command takes ``--json`` (one JSON object on stdout, nothing else there). A user mistake
-ends with one line on stderr naming what to fix and exit code 2.
+ends with one line on stderr naming what to fix and exit code 2; an unexpected internal error
+ends with one line naming the file that holds the full trace, and exit code 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import traceback
 
-from solver.cli import experiment, export, inspect_graph, run, simulate, solve
-from solver.cli.common import formatter
+from solver.cli import experiment, export, inspect_graph, run, shard, simulate, solve
+from solver.cli.common import CONTROL_CHARS, formatter
 from solver.errors import MtppError
 
 EPILOG_MAIN = """\
@@ -32,11 +36,23 @@ COMMANDS = [
     ("export", export.add_parser, export.cmd_export),
     ("run", run.add_parser, run.cmd_run),
     ("experiment", experiment.add_parser, experiment.cmd_experiment),
+    ("shard", shard.add_parser, shard.cmd_shard),
 ]
 
 
+EXIT_USER, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 3, 130
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the command and point to its --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())
+        self.exit(EXIT_USER, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="mtpp",
         description="Split a neural-network graph across devices for maximum pipeline "
         "throughput, and prove how good the split is.",
@@ -47,12 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for _, add, _ in COMMANDS:
         add(sub)
+    parser.set_defaults(_subparsers=sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code (0 ok, 2 user mistake, 3 our bug, 130 Ctrl-C)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the command whose options were misspelt, not just "mtpp"
+            sub = args._subparsers.get(args.command, parser)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # a one-line argparse error is returned; --help exits as before
+        if e.code in (0, None):
+            raise
+        return e.code if isinstance(e.code, int) else EXIT_USER
     if args.version:
         from solver import __version__
 
@@ -60,16 +86,58 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.command:
         parser.print_help()
-        return 2
+        return EXIT_USER
     run_command = {name: fn for name, _, fn in COMMANDS}[args.command]
     try:
-        return run_command(args)
+        code = run_command(args)
+        sys.stdout.flush()  # a closed pipe must surface here, not at interpreter exit
+        return code
     except MtppError as e:
-        print(f"mtpp: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"mtpp: error: {e}", EXIT_USER)
     except KeyboardInterrupt:
-        print("mtpp: interrupted", file=sys.stderr)
-        return 130
+        return _fail("mtpp: interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # the reader went away (``mtpp ... --json | head -1``): what the Python docs advise
+        # for SIGPIPE: point stdout at devnull so the final flush cannot fail again, exit 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except RecursionError:
+        return _fail(
+            f"mtpp: error: the input is nested too deeply for mtpp {args.command} to read",
+            EXIT_USER,
+        )
+    except MemoryError:
+        return _fail(
+            f"mtpp: error: out of memory in mtpp {args.command}; the input is too large for "
+            "this machine (use a smaller graph, fewer devices or smaller --dim values)",
+            EXIT_USER,
+        )
+    except Exception as e:  # noqa: BLE001 -- the guard: one line and a saved trace
+        return _fail(_internal_error(e, argv), EXIT_INTERNAL)
+
+
+def _fail(line: str, code: int) -> int:
+    """Print one line on stderr and return ``code``: newlines in a message (a node name may
+    hold one) are folded and other control characters shown as ``?``, as :func:`esc` does."""
+    print(CONTROL_CHARS.sub("?", " ".join(line.split())), file=sys.stderr)
+    return code
+
+
+def _internal_error(e: Exception, argv: list[str] | None) -> str:
+    """The one line for a bug in mtpp; the full trace goes to a file in the temp folder."""
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    head = f"mtpp: internal error: {type(e).__name__}: {first}"
+    try:
+        from solver import __version__
+
+        fd, path = tempfile.mkstemp(prefix="mtpp-crash-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"mtpp {__version__}\nargv: {sys.argv[:1] + list(argv or sys.argv[1:])}\n\n")
+            fh.write("".join(traceback.format_exception(e)))
+    except OSError as err:
+        return f"{head}; the full trace could not be saved ({err})"
+    return f"{head}; full trace saved to {path}"
 
 
 if __name__ == "__main__":

@@ -9,13 +9,31 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from solver.errors import MtppError
 
 
 def formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32, width=100)
+
+
+MAX_DIM = 2**31 - 1  # an ONNX dimension is an int64, but ORT and numpy shapes stop far below
+
+
+def devices_arg(text: str) -> int:
+    """argparse type of ``--devices``: a whole number from 1 to :data:`MAX_DEVICES`."""
+    from solver.cluster import MAX_DEVICES
+
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of devices, got {text!r}"
+        ) from None
+    if not 1 <= k <= MAX_DEVICES:
+        raise argparse.ArgumentTypeError(
+            f"--devices must be >= 1 and at most {MAX_DEVICES}, got {text}"
+        )
+    return k
 
 
 def add_graph_options(p: argparse.ArgumentParser) -> None:
@@ -27,7 +45,11 @@ def add_graph_options(p: argparse.ArgumentParser) -> None:
         "default: what the graph file states, else the ipu-pod preset",
     )
     g.add_argument(
-        "--devices", "-k", type=int, metavar="K", help="number of devices k (overrides the cluster)"
+        "--devices",
+        "-k",
+        type=devices_arg,
+        metavar="K",
+        help="number of devices k (overrides the cluster)",
     )
     g.add_argument(
         "--dim",
@@ -54,15 +76,20 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def parse_dims(args: argparse.Namespace) -> dict[str, int]:
-    dims = {}
+    """``--dim NAME=VALUE`` options as a mapping; VALUE a whole number from 1 to MAX_DIM."""
+    dims: dict[str, int] = {}
     for item in args.dim:
         name, sep, value = item.partition("=")
+        name = name.strip()
         if not sep or not name:
             raise MtppError(f"--dim {item!r}: write NAME=VALUE, e.g. --dim batch=8")
-        try:
-            dims[name] = int(value)
-        except ValueError:
-            raise MtppError(f"--dim {item!r}: VALUE must be a whole number") from None
+        if name in dims:
+            raise MtppError(f"--dim {item!r}: dimension {name!r} is given twice")
+        if not re.fullmatch(r"\s*\+?\d{1,12}\s*", value):
+            raise MtppError(f"--dim {item!r}: VALUE must be a whole number, e.g. --dim {name}=8")
+        dims[name] = int(value)
+        if not 1 <= dims[name] <= MAX_DIM:
+            raise MtppError(f"--dim {item!r}: VALUE must be between 1 and {MAX_DIM}")
     return dims
 
 
@@ -92,7 +119,7 @@ def console():
     return con
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def esc(name: object) -> str:
@@ -104,7 +131,7 @@ def esc(name: object) -> str:
     """
     from rich.markup import escape
 
-    return escape(_CONTROL.sub("?", str(name)))
+    return escape(CONTROL_CHARS.sub("?", str(name)))
 
 
 def fmt(x: float | None) -> str:
@@ -118,18 +145,11 @@ def fmt(x: float | None) -> str:
 
 
 def print_json(obj: dict) -> None:
-    json.dump(obj, sys.stdout, indent=1, default=_json_default)
+    """Print one JSON object; NaN and infinities become null (JSON has neither)."""
+    from solver.files import json_safe
+
+    sys.stdout.write(json.dumps(json_safe(obj), indent=1, allow_nan=False))
     sys.stdout.write("\n")
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o))
 
 
 def plan_assignment(args, g, cluster):

@@ -11,6 +11,7 @@ from solver.cli.common import (
     add_graph_options,
     add_json,
     console,
+    esc,
     fmt,
     formatter,
     load_graph_and_cluster,
@@ -79,7 +80,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from solver.units import format_bytes, format_time
 
     con = console()
-    t = Table(title=f"graph {g.name}", show_header=False)
+    t = Table(title=f"graph {esc(g.name)}", show_header=False)
     t.add_row("nodes / edges", f"{g.n} / {info['edges']} ({g.m} ordering)")
     t.add_row("parameters", f"{g.num_params} entities, {format_bytes(g.param_bytes_total)}")
     t.add_row("activations (sum of outputs)", format_bytes(info["activation_bytes"]))
@@ -87,7 +88,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if g.flops is not None:
         t.add_row("total FLOPs", f"{info['flops']:.4g}")
     t.add_row("co-location groups", str(len(g.groups)))
-    t.add_row("cluster", cluster.summary())
+    t.add_row("cluster", esc(cluster.summary()))
     t.add_row(f"lower bound on max f (k={cluster.devices})", format_time(info["lower_bound"]))
     con.print(t)
     if ops:
@@ -95,15 +96,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         o.add_column("op")
         o.add_column("count", justify="right")
         for name, c in ops.most_common(15):
-            o.add_row(name, str(c))
+            o.add_row(esc(name), str(c))
         con.print(o)
     h = Table(title=f"heaviest {len(top)} operators")
     for col in ("node", "op", "work", "FLOPs", "output"):
         h.add_column(col, justify="left" if col in ("node", "op") else "right")
     for row in info["heaviest"]:
         h.add_row(
-            row["name"],
-            row["op_type"] or "-",
+            esc(row["name"]),
+            esc(row["op_type"] or "-"),
             format_time(row["work"]),
             fmt(row["flops"]),
             format_bytes(row["sizeout"]),

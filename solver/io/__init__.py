@@ -6,7 +6,7 @@ from pathlib import Path
 
 from solver.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.errors import MtppError
-from solver.files import read_json
+from solver.files import check_regular_file, parse_json, read_text
 from solver.graph import Graph
 
 GRAPH_FORMATS = "an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON"
@@ -21,13 +21,16 @@ def load_graph(path: str | Path, **onnx_options) -> Graph:
     if not path.exists():
         raise MtppError(f"{path}: no such file")
     if path.suffix.lower() == ".onnx":
+        check_regular_file(path, "model file")  # no size limit: weights may be large
         from solver.io.onnx_import import load_onnx
 
         return load_onnx(path, **onnx_options)
+    text = read_text(path, "graph file")
     try:
-        data = read_json(path)
+        data = parse_json(text, path)
     except MtppError:
-        if path.suffix.lower() != ".json":  # not JSON and not named like it: say what we read
+        looks_json = text.lstrip()[:1] in ("{", "[")
+        if path.suffix.lower() != ".json" and not looks_json:  # say what we expected
             raise MtppError(
                 f"{path}: unknown graph file type {path.suffix or '(no suffix)'!r}; expected "
                 f"{GRAPH_FORMATS}"

@@ -16,14 +16,48 @@ The file's own cost model is kept exactly (``../shared/benchmarks/dnn-partitioni
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from solver.cluster import MAX_DEVICES
 from solver.errors import MtppError
-from solver.graph import Graph
+from solver.files import shown, validation_message
+from solver.graph import MAX_NAME_CHARS, Graph
 
-_NODE_KEYS = ("id", "fpgaLatency")
-_EDGE_KEYS = ("sourceId", "destId", "cost")
+# Strict types: a boolean, string or null where a number or id belongs is refused, and so are
+# NaN, infinities, negative amounts and integers beyond int64 (ids) or a float (amounts).
+Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+NodeId = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+Flag = Annotated[bool, Field(strict=True)] | Literal[0, 1]
+_KEEP_OTHER_KEYS = ConfigDict(extra="ignore")  # cpuLatency, layerId, ... are not used
+
+
+class _Node(BaseModel):
+    model_config = _KEEP_OTHER_KEYS
+    id: NodeId
+    name: Annotated[str, Field(strict=True, max_length=MAX_NAME_CHARS)] | None = None
+    fpgaLatency: Amount
+    size: Amount = 0.0
+    isBackwardNode: Flag = False
+    colorClass: NodeId | Annotated[str, Field(strict=True, max_length=MAX_NAME_CHARS)] | None = None
+
+
+class _Edge(BaseModel):
+    model_config = _KEEP_OTHER_KEYS
+    sourceId: NodeId
+    destId: NodeId
+    cost: Amount
+    size: Amount = 0.0
+
+
+class _File(BaseModel):
+    model_config = _KEEP_OTHER_KEYS
+    nodes: list[_Node] = Field(min_length=1)
+    edges: list[_Edge]
+    maxFPGAs: Annotated[int, Field(strict=True, ge=1, le=MAX_DEVICES)] = 1
+    maxSizePerFPGA: Amount | None = None
 
 
 def looks_like(data: object) -> bool:
@@ -35,40 +69,51 @@ def looks_like(data: object) -> bool:
     )
 
 
+def _describe(e: ValidationError, where: str, data: dict) -> str:
+    """The validation message, naming the node (id and name) when the error is inside one."""
+    msg = validation_message(e, where, data)
+    loc = e.errors()[0]["loc"]
+    if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
+        item = data["nodes"][loc[1]]
+        if isinstance(item, dict) and "id" in item:
+            label = f"id {shown(item['id'])}"
+            if isinstance(item.get("name"), str):
+                label += f", {shown(item['name'])}"
+            msg += f" (node {label})"
+    return msg
+
+
 def from_dict(data: dict, name: str, where: str) -> Graph:
     """Build the graph (and its cluster hints) from a parsed dnn-partitioning file."""
-    nodes, edges = data["nodes"], data["edges"]
-    for i, nd in enumerate(nodes):
-        if not isinstance(nd, dict) or any(k not in nd for k in _NODE_KEYS):
-            raise MtppError(f"{where}: nodes[{i}] needs the keys {', '.join(_NODE_KEYS)}")
-    for i, e in enumerate(edges):
-        if not isinstance(e, dict) or any(k not in e for k in _EDGE_KEYS):
-            raise MtppError(f"{where}: edges[{i}] needs the keys {', '.join(_EDGE_KEYS)}")
-    ids = [nd["id"] for nd in nodes]
+    try:
+        f = _File.model_validate(data)
+    except ValidationError as e:
+        raise MtppError(_describe(e, where, data)) from None
+    nodes, edges = f.nodes, f.edges
+    ids = [nd.id for nd in nodes]
     if len(set(ids)) != len(ids):
         dup = next(x for x, c in Counter(ids).items() if c > 1)
         raise MtppError(f"{where}: node id {dup!r} appears more than once")
     index = {x: i for i, x in enumerate(ids)}
-    raw = [str(nd.get("name", nd["id"])) for nd in nodes]
+    raw = [nd.id if nd.name is None else nd.name for nd in nodes]
+    raw = [str(x) for x in raw]
     names = (
         raw
         if len(set(raw)) == len(raw)
-        else [f"{r}@{nd['id']}" for r, nd in zip(raw, nodes, strict=True)]
+        else [f"{r}@{nd.id}" for r, nd in zip(raw, nodes, strict=True)]
     )
-    work = [float(nd["fpgaLatency"]) for nd in nodes]
-    backward = np.array([bool(nd.get("isBackwardNode", 0)) for nd in nodes])
+    work = [nd.fpgaLatency for nd in nodes]
+    backward = np.array([bool(nd.isBackwardNode) for nd in nodes])
 
     ratios: Counter = Counter()
     cost = defaultdict(float)
     pairs = []
     for i, e in enumerate(edges):
         try:
-            u, v = index[e["sourceId"]], index[e["destId"]]
+            u, v = index[e.sourceId], index[e.destId]
         except KeyError as err:
             raise MtppError(f"{where}: edges[{i}] names unknown node id {err.args[0]!r}") from None
-        c, s = float(e["cost"]), float(e.get("size", 0.0))
-        if not np.isfinite(c) or c < 0:
-            raise MtppError(f"{where}: edges[{i}] has a negative or non-finite cost {e['cost']!r}")
+        c, s = e.cost, e.size
         cost[u] = max(cost[u], c)
         if c > 0 and s > 0:
             ratios[s / c] += 1
@@ -82,22 +127,21 @@ def from_dict(data: dict, name: str, where: str) -> Graph:
 
     params = []
     for i, nd in enumerate(nodes):
-        size = float(nd.get("size", 0.0) or 0.0)
-        if size > 0:
-            params.append((f"{names[i]}:size", size, [i]))
+        if nd.size > 0:
+            params.append((f"{names[i]}:size", nd.size, [i]))
     classes = defaultdict(list)
     for i, nd in enumerate(nodes):
-        if nd.get("colorClass") is not None:
-            classes[nd["colorClass"]].append(i)
+        if nd.colorClass is not None:
+            classes[nd.colorClass].append(i)
     cluster = {
         "name": f"{name}-accelerators",
         "description": "accelerators of the dnn-partitioning file (CPU cores ignored)",
-        "devices": int(data.get("maxFPGAs", 1) or 1),
+        "devices": f.maxFPGAs,
         "fast_memory": "inf",
         "link_bandwidth": bw,
     }
-    if data.get("maxSizePerFPGA") is not None:
-        cluster["capacity"] = float(data["maxSizePerFPGA"])
+    if f.maxSizePerFPGA is not None:
+        cluster["capacity"] = f.maxSizePerFPGA
     return Graph.build(
         names,
         work,

@@ -10,52 +10,60 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from solver.errors import MtppError
-from solver.graph import Graph
+from solver.files import shown, validation_message
+from solver.graph import MAX_NAME_CHARS, Graph
 
 FORMAT = "mtpp-graph"
 VERSION = 1
 
+# Numbers are strict: a boolean, a string or null where a number belongs is refused, not coerced;
+# NaN, infinities and integers too large for a float are refused too.
+Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Name = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_NAME_CHARS)]
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
 
 class _Node(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    work: float = Field(ge=0)
-    sizeout: float = Field(default=0.0, ge=0)
-    act: float | None = Field(default=None, ge=0)
-    flops: float | None = Field(default=None, ge=0)
-    op_type: str | None = None
+    model_config = _STRICT
+    name: Name
+    work: Amount
+    sizeout: Amount = 0.0
+    act: Amount | None = None
+    flops: Amount | None = None
+    op_type: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
 
 
 class _Edge(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    src: str = Field(alias="from")
-    dst: str = Field(alias="to")
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    src: Name = Field(alias="from")
+    dst: Name = Field(alias="to")
     ordered: bool = True
 
 
 class _Param(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    bytes: float = Field(ge=0)
-    users: list[str] = Field(min_length=1)
+    model_config = _STRICT
+    name: Name
+    bytes: Amount
+    users: list[Name] = Field(min_length=1)
 
 
 class _GraphFile(BaseModel):
+    # not strict as a whole: an edge may be a JSON list [from, to] (a tuple in lax mode)
     model_config = ConfigDict(extra="forbid")
     format: str
-    version: int = VERSION
-    name: str = "graph"
+    version: Annotated[int, Field(strict=True)] = VERSION
+    name: Annotated[str, Field(strict=True, max_length=MAX_NAME_CHARS)] = "graph"
     cluster: dict[str, Any] | None = None
     nodes: list[_Node] = Field(min_length=1)
-    edges: list[_Edge | tuple[str, str]] = []
+    edges: list[_Edge | tuple[Name, Name]] = []
     params: list[_Param] = []
-    colocate: list[list[str]] = []
+    colocate: list[list[Name]] = []
 
 
 def looks_like(data: object) -> bool:
@@ -67,9 +75,7 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
     try:
         f = _GraphFile.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise MtppError(f"{where}: key {loc!r}: {err['msg']}") from None
+        raise MtppError(_describe(e, where, data)) from None
     if f.version != VERSION:
         raise MtppError(
             f"{where}: graph format version {f.version} is not supported (use {VERSION})"
@@ -114,6 +120,20 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
         op_types=[n.op_type or "" for n in f.nodes] if any(n.op_type for n in f.nodes) else None,
         hints={"cluster": f.cluster} if f.cluster else {},
     )
+
+
+def _describe(e: ValidationError, where: str, data: dict) -> str:
+    """The validation message, naming the node when the error is inside one."""
+    msg = validation_message(e, where, data)
+    loc = e.errors()[0]["loc"]
+    nodes = data.get("nodes")
+    if len(loc) >= 2 and loc[0] == "nodes" and isinstance(nodes, list):
+        i = loc[1]
+        if isinstance(i, int) and 0 <= i < len(nodes) and isinstance(nodes[i], dict):
+            name = nodes[i].get("name")
+            if isinstance(name, str):
+                msg += f" (node {shown(name)})"
+    return msg
 
 
 def to_dict(g: Graph) -> dict:

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from solver.cluster import MAX_DEVICES
 from solver.errors import MtppError
-from solver.files import read_yaml
-from solver.graph import Graph
+from solver.files import read_yaml, shown
+from solver.graph import MAX_NAME_CHARS, Graph
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ def read_sharding(path: str | Path) -> list[ShardPoint]:
 
 
 def parse_sharding(data: object, where: str = "sharding") -> list[ShardPoint]:
+    """Validate parsed sharding points: names are strings (or YAML numbers), device and stage
+    whole numbers below MAX_DEVICES (booleans, floats and huge numbers are refused)."""
     if isinstance(data, dict) and "sharding" in data:
         data = data["sharding"]
     if not isinstance(data, list) or not data:
@@ -44,9 +47,19 @@ def parse_sharding(data: object, where: str = "sharding") -> list[ShardPoint]:
             raise MtppError(f"{where}: entry {i} has unknown key {sorted(extra)[0]!r}")
         dev, stage = item["device"], item.get("stage", item["device"])
         for key, val in (("device", dev), ("stage", stage)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-                raise MtppError(f"{where}: entry {i}: {key} must be a whole number >= 0")
-        out.append(ShardPoint(str(item["node"]), int(dev), int(stage)))
+            if not isinstance(val, int) or isinstance(val, bool) or not 0 <= val < MAX_DEVICES:
+                raise MtppError(
+                    f"{where}: entry {i}: {key} must be a whole number from 0 to "
+                    f"{MAX_DEVICES - 1}, got {shown(val)}"
+                )
+        node = item["node"]
+        if isinstance(node, bool) or not isinstance(node, (str, int)):
+            raise MtppError(f"{where}: entry {i}: node must be a node name, got {shown(node)}")
+        if len(str(node)) > MAX_NAME_CHARS:
+            raise MtppError(
+                f"{where}: entry {i}: node name longer than {MAX_NAME_CHARS} characters"
+            )
+        out.append(ShardPoint(str(node), dev, stage))
     return out
 
 
