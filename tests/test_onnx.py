@@ -39,6 +39,18 @@ def init(name, shape, value=0.5, dtype=np.float32):
     return numpy_helper.from_array(np.full(shape, value, dtype=dtype), name)
 
 
+def ext_tensor(name, dims, location, offset=None, length=None, dtype=F):
+    """A TensorProto whose data is external (nothing is stored or written)."""
+    t = TensorProto(name=name, data_type=dtype, dims=dims)
+    t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value=location)
+    if offset is not None:
+        t.external_data.add(key="offset", value=str(offset))
+    if length is not None:
+        t.external_data.add(key="length", value=str(length))
+    return t
+
+
 def one_node_flops(tmp_path, node, inputs, inits=(), opset=17) -> float:
     path = save(tmp_path, [node], inputs, [vi(node.output[0], None)], inits, opset=opset)
     g = load_graph(path)
@@ -236,27 +248,30 @@ def test_tied_embedding_stored_transposed_is_counted_once(tmp_path):
 
 
 def test_external_data_sizes_without_reading_weights(tmp_path):
-    w = numpy_helper.from_array(np.ones((256, 256), np.float32), "w")
+    """A 16 GiB weight in a sparse file: sizes come from dims and a stat, the bytes are never
+    read (reading them would take far more time and memory than this test allows)."""
+    import resource
+    import time
+
+    w = ext_tensor("w", [65536, 65536], "weights.bin", length=4 * 65536**2)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         "g",
-        [vi("x", [1, 256])],
-        [vi("y", [1, 256])],
+        [vi("x", [1, 65536])],
+        [vi("y", [1, 65536])],
         [w],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "ext.onnx"
-    onnx.save(
-        model,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location="weights.bin",
-        size_threshold=0,
-    )
-    (tmp_path / "weights.bin").write_bytes(b"")  # the bytes are gone: sizes must come from dims
+    onnx.save(model, str(path))
+    with open(tmp_path / "weights.bin", "wb") as f:
+        f.truncate(4 * 65536**2)  # sparse: no disk, no bytes
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
     g = load_graph(path)
-    assert g.param_bytes_total == 256 * 256 * 4
+    assert time.perf_counter() - t < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 2**20  # KiB: < 1 GiB
+    assert g.param_bytes_total == 4 * 65536**2
 
 
 @pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd", "sub/../../x.bin"])
@@ -383,3 +398,310 @@ def test_measured_work_profiles_this_machine():
     convs = [i for i, op in enumerate(g.op_types) if op == "Conv"]
     assert all(g.work[i] > 0 for i in convs)  # every conv kernel was timed
     assert g.work[[i for i, op in enumerate(g.op_types) if op == "Input"]].sum() == 0
+
+
+# ---------------------------------------------------------------- external data, checked by stat
+def ext_model(tmp_path, file_bytes: int | None, offset=None, length=None) -> Path:
+    """A MatMul reading a 4x4 float weight kept in ``w.bin`` (``file_bytes`` long, or absent)."""
+    w = ext_tensor("w", [4, 4], "w.bin", offset, length)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [vi("x", [1, 4])],
+        [vi("y", [1, 4])],
+        [w],
+    )
+    path = tmp_path / "ext.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    if file_bytes is not None:
+        (tmp_path / "w.bin").write_bytes(bytes(file_bytes))
+    return path
+
+
+@pytest.mark.parametrize(
+    "file_bytes, offset, length, match",
+    [
+        (None, None, None, r"tensor 'w': its external data file 'w.bin' is missing"),
+        (63, None, None, r"tensor 'w': external data file 'w.bin' is too short \(63 bytes.*0..64"),
+        (100, 40, 64, r"'w.bin' is too short \(100 bytes, the tensor needs bytes 40..104\)"),
+        (64, 65, None, r"tensor 'w': external data offset 65 is past the end of 'w.bin'"),
+        (64, "x", None, r"tensor 'w': external data offset/length are not integers"),
+    ],
+)
+def test_broken_external_data_is_refused(tmp_path, capsys, file_bytes, offset, length, match):
+    from tests.badinput import assert_refused
+
+    path = ext_model(tmp_path, file_bytes, offset, length)
+    with pytest.raises(MtppError, match=match):
+        load_graph(path)
+    assert_refused(capsys, ["inspect", path], match, watch=tmp_path)
+
+
+def test_external_data_exactly_filling_the_file_is_accepted(tmp_path):
+    assert load_graph(ext_model(tmp_path, 104, 40, 64)).param_bytes_total == 64
+    assert load_graph(ext_model(tmp_path, 64)).param_bytes_total == 64
+
+
+def _if_node(name, then_nodes, then_out, else_nodes, else_out, then_inits=(), else_inits=()):
+    then_g = helper.make_graph(then_nodes, "then", [], [then_out], initializer=list(then_inits))
+    else_g = helper.make_graph(else_nodes, "else", [], [else_out], initializer=list(else_inits))
+    return helper.make_node("If", ["c"], ["y"], name=name, then_branch=then_g, else_branch=else_g)
+
+
+def _outside_constant():
+    t = ext_tensor("cw", [4, 4], "../outside.bin")
+    return [helper.make_node("Constant", [], ["cw"], name="k", value=t)], [], {}
+
+
+def _outside_sparse():
+    values = ext_tensor("sw", [2], "../outside.bin")
+    indices = numpy_helper.from_array(np.array([0, 5], np.int64), "sw_idx")
+    return [], [], {"sparse_initializer": [helper.make_sparse_tensor(values, indices, [4, 4])]}
+
+
+def _outside_subgraph():
+    body_w = ext_tensor("bw", [4], "sub/../../outside.bin")
+    node = _if_node(
+        "branch",
+        [helper.make_node("Add", ["x1", "bw"], ["t"])],
+        vi("t", [4]),
+        [helper.make_node("Neg", ["x1"], ["e"])],
+        vi("e", [4]),
+        then_inits=[body_w],
+    )
+    return [helper.make_node("Flatten", ["x"], ["x1"], axis=0), node], [], {}
+
+
+def _outside_function():
+    t = ext_tensor("fw", [4], "/etc/passwd")
+    fn = helper.make_function(
+        "local",
+        "AddW",
+        ["a"],
+        ["b"],
+        [
+            helper.make_node("Constant", [], ["fw"], value=t),
+            helper.make_node("Add", ["a", "fw"], ["b"]),
+        ],
+        [helper.make_opsetid("", 17)],
+    )
+    return [helper.make_node("AddW", ["x"], ["y"], domain="local")], [fn], {}
+
+
+@pytest.mark.parametrize(
+    "where", [_outside_constant, _outside_sparse, _outside_subgraph, _outside_function]
+)
+def test_external_paths_are_checked_everywhere(tmp_path, capsys, where):
+    """Constant values, sparse initializers, control-flow bodies and model functions."""
+    from tests.badinput import assert_refused
+
+    (tmp_path / "outside.bin").write_bytes(bytes(64))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    nodes, functions, extra = where()
+    graph = helper.make_graph(
+        nodes or [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [vi("x", [1, 4])],
+        [vi("y", None)],
+        **extra,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=functions)
+    path = folder / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(MtppError, match="outside the model's folder"):
+        load_graph(path)
+    assert_refused(capsys, ["inspect", path], "outside the model's folder", watch=tmp_path)
+
+
+# ---------------------------------------------------------------- one tensor per output
+def test_multi_output_operator_sends_only_what_is_read(tmp_path):
+    """Split's halves go to different consumers: a block reading one half receives only it."""
+    from solver.cluster import Cluster
+    from solver.cost import evaluate
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["x0"], name="pre"),
+        helper.make_node("Split", ["x0", "sizes"], ["a", "b"], name="split", axis=1),
+        helper.make_node("Relu", ["a"], ["ra"], name="ra"),
+        helper.make_node("Neg", ["b"], ["nb"], name="nb"),
+    ]
+    sizes = numpy_helper.from_array(np.array([2, 6], np.int64), "sizes")
+    path = save(tmp_path, nodes, [vi("x", [1, 8])], [vi("ra", [1, 2]), vi("nb", [1, 6])], [sizes])
+    g = load_graph(path)
+    split = g.node("split")
+    mine = np.flatnonzero(g.t_producer == split)
+    assert sorted(g.t_size[mine].tolist()) == [8.0, 24.0]  # its own tensor per output
+    assert g.sizeout[split] == 32
+    assert g.act[g.node("ra")] == 8 + 8  # reads only its half
+    a = np.zeros(g.n, dtype=np.int64)
+    a[g.node("ra")] = 1
+    ev = evaluate(g, Cluster("c", 2, link_bandwidth=1.0), a)
+    assert ev.bytes_in.tolist() == [0.0, 8.0] and ev.bytes_out.tolist() == [8.0, 0.0]
+    a[g.node("ra")], a[g.node("nb")] = 0, 1
+    assert evaluate(g, Cluster("c", 2, link_bandwidth=1.0), a).bytes_in.tolist() == [0.0, 24.0]
+
+
+# ---------------------------------------------------------------- shapes from one run
+def test_top_level_if_with_unresolvable_shapes_runs_once_and_counts_branch_weights(tmp_path):
+    """Branches of different output sizes leave the If's output unknown to inference: one
+    onnxruntime run at the fixed dims reads it; weights inside both branches are counted."""
+    rng = np.random.default_rng(1)
+    then_w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "tw")
+    else_w = numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32))
+    node = _if_node(
+        "branch",
+        [helper.make_node("MatMul", ["x", "tw"], ["t"])],
+        vi("t", [1, 4]),
+        [
+            helper.make_node("Constant", [], ["ew"], value=else_w),
+            helper.make_node("MatMul", ["x", "ew"], ["e"]),
+        ],
+        vi("e", [1, 8]),
+        then_inits=[then_w],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Abs", ["s"], ["s1"], name="abs"),
+        helper.make_node("Less", ["s1", "minus"], ["c"], name="lt"),  # always false
+        node,
+        helper.make_node("Relu", ["y"], ["z"], name="head"),
+    ]
+    inits = [numpy_helper.from_array(np.array(-1.0, np.float32), "minus")]
+    graph = helper.make_graph(nodes, "g", [vi("x", [1, 4])], [vi("z", [1, "n"])], inits)
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.warns(UserWarning, match="come from one onnxruntime run"):
+        g = load_graph(path)
+    assert "y (output of If 'branch')" in g.hints["shapes_from_run"]
+    sizes = {g.p_names[p]: g.p_size[p] for p in range(g.num_params)}
+    assert sizes == {"branch/tw": 64.0, "branch/ew": 128.0}  # both branches are stored
+    assert g.sizeout[g.node("branch")] == 32  # the else branch ran: [1, 8] floats
+    assert g.flops[g.node("head")] == 8
+
+
+def test_loop_scan_output_shape_from_a_run_and_body_weight(tmp_path):
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["v_in", "bw"], ["v_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Identity", ["v_out"], ["scan"]),
+        ],
+        "body",
+        [vi("i", [], TensorProto.INT64), vi("cond_in", [], TensorProto.BOOL), vi("v_in", [4])],
+        [vi("cond_out", [], TensorProto.BOOL), vi("v_out", [4]), vi("scan", [4])],
+        initializer=[numpy_helper.from_array(np.arange(4, dtype=np.float32), "bw")],
+    )
+    nodes = [
+        helper.make_node("Loop", ["trips", "yes", "x"], ["v", "all"], name="loop", body=body),
+        helper.make_node("Relu", ["all"], ["r"], name="relu"),
+        helper.make_node("Neg", ["v"], ["n"], name="neg"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(3, np.int64), "trips"),
+        numpy_helper.from_array(np.array(True), "yes"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x", [4])], [vi("r", ["k", 4]), vi("n", [4])], inits)
+    path = tmp_path / "loop.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.warns(UserWarning, match="come from one onnxruntime run"):
+        g = load_graph(path)
+    loop = g.node("loop")
+    assert sorted(g.t_size[g.t_producer == loop].tolist()) == [16.0, 48.0]  # v [4], all [3, 4]
+    assert g.flops[g.node("relu")] == 12
+    assert list(g.p_names) == ["loop/bw"] and g.param_bytes_total == 16
+    # the same for callers that need every shape (the exporter's stage boundaries)
+    from solver.io.onnx_shapes import complete_shapes, infer_shapes
+
+    model = onnx.load(str(path))
+    assert infer_shapes(model)["all"][0] is None
+    shapes, note = complete_shapes(model, tmp_path)
+    assert shapes["all"] == ((3, 4), TensorProto.FLOAT) and "onnxruntime run" in note
+
+
+# ---------------------------------------------------------------- huge dims, measured work
+def batch_model(tmp_path, external=False) -> Path:
+    """x [batch, 64] -> MatMul(random W) -> Relu -> Reshape to a shape computed from Shape(x)."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Shape", ["x"], ["shp"], name="shape"),
+        helper.make_node("Gather", ["shp", "zero"], ["b"], name="pick", axis=0),
+        helper.make_node("Concat", ["b", "m1"], ["target"], name="cat", axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["y"], name="rs"),
+        helper.make_node("Sigmoid", ["y"], ["z"], name="sig"),
+    ]
+    inits = [
+        w,
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x", ["batch", 64])], [vi("z", ["batch", 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "batch.onnx"
+    if external:
+        onnx.save(
+            model, str(path), save_as_external_data=True, location="batch.data", size_threshold=0
+        )
+    else:
+        onnx.save(model, str(path))
+    return path
+
+
+def test_huge_dims_import_as_numbers_and_measured_refuses(tmp_path, capsys):
+    import resource
+
+    from tests.badinput import assert_refused
+
+    path = batch_model(tmp_path)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    g = load_graph(path, dims={"batch": 10**9})
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 2**19  # KiB: < 512 MiB
+    assert g.sizeout[g.node("relu")] == 10**9 * 64 * 4
+    assert g.flops[g.node("mm")] == 2 * 10**9 * 64 * 64
+    with pytest.raises(MtppError, match=r"--work measured: running the model .* needs about"):
+        load_graph(path, dims={"batch": 10**9}, work="measured")
+    argv = ["inspect", path, "--dim", "batch=1000000000", "--work", "measured"]
+    assert_refused(capsys, argv, r"needs about .* memory .* use smaller --dim", watch=tmp_path)
+
+
+def test_measured_work_on_external_data_model(tmp_path, monkeypatch):
+    path = batch_model(tmp_path, external=True)
+    stored = onnx.load(str(path), load_external_data=False).graph.initializer
+    assert [t.data_location for t in stored] == [TensorProto.EXTERNAL] * 3
+    monkeypatch.chdir(tmp_path.parent)  # the data is found beside the model, not in the cwd
+    g = load_graph(path, dims={"batch": 32}, work="measured")
+    assert g.hints["work_model"] == "measured"
+    assert g.work[g.node("mm")] > 0 and g.work[g.node("sig")] > 0
+    assert g.param_bytes_total == 64 * 64 * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch.data", "batch.onnx"]
+
+
+def test_external_constant_and_sparse_initializer_are_weights(tmp_path):
+    """A Constant whose value is external data, and a sparse initializer (dense size: what a
+    runtime holds), are weights of their readers; the external file is only stat'ed."""
+    (tmp_path / "c.bin").write_bytes(bytes(64))
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "sv")
+    indices = numpy_helper.from_array(np.array([0, 5], np.int64), "sv_idx")
+    nodes = [
+        helper.make_node("Constant", [], ["cw"], name="k", value=ext_tensor("cw", [4, 4], "c.bin")),
+        helper.make_node("MatMul", ["x", "cw"], ["h"], name="m1"),
+        helper.make_node("MatMul", ["h", "sv"], ["y"], name="m2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [vi("x", [1, 4])],
+        [vi("y", [1, 4])],
+        sparse_initializer=[helper.make_sparse_tensor(values, indices, [4, 4])],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    g = load_graph(path)
+    sizes = {g.p_names[p]: g.p_size[p] for p in range(g.num_params)}
+    assert sizes == {"cw": 64.0, "sv": 64.0}
+    users = {g.p_names[p]: g.names[g.p_users[p]] for p in range(g.num_params)}
+    assert users == {"cw": "m1", "sv": "m2"}

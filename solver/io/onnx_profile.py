@@ -2,7 +2,8 @@
 
 Graph optimisations are disabled so that every kernel keeps its ONNX node name; one thread, a
 warm-up run, then the mean over ``runs``. Times of view and static ONNX nodes are added to the
-cost node they were folded into.
+cost node they were folded into. External weights are read by onnxruntime from the model's
+folder, never by Python; a run that would not fit in the available memory is refused first.
 """
 
 from __future__ import annotations
@@ -17,30 +18,11 @@ import numpy as np
 
 from solver.errors import MtppError
 from solver.graph import Graph
+from solver.io.onnx_common import node_names
+from solver.io.onnx_ort import activation_peak, check_memory, random_inputs, session
+from solver.units import format_bytes
 
-
-def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = None, seed: int = 0):
-    """Seeded random feeds for every real graph input, with dims as fixed in ``model``."""
-    from onnx import helper
-
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for inp in model.graph.input:
-        if inp.name in inits:
-            continue
-        tt = inp.type.tensor_type
-        shape = [d.dim_value for d in tt.shape.dim]
-        if shapes_by_name and inp.name in shapes_by_name:
-            shape = list(shapes_by_name[inp.name])
-        dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        if np.issubdtype(dt, np.floating):
-            feeds[inp.name] = rng.standard_normal(shape).astype(dt)
-        elif dt == np.bool_:
-            feeds[inp.name] = rng.random(shape) < 0.5
-        else:  # ids and masks: small non-negative integers are valid for embeddings
-            feeds[inp.name] = rng.integers(0, 2, shape).astype(dt)
-    return feeds
+__all__ = ["measured_work", "random_inputs"]
 
 
 def measured_work(path: Path, model, g: Graph, runs: int = 5) -> np.ndarray:
@@ -48,33 +30,34 @@ def measured_work(path: Path, model, g: Graph, runs: int = 5) -> np.ndarray:
     import onnx
     import onnxruntime as ort
 
-    from solver.io.onnx_import import _node_names
-
+    acts, weights = activation_peak(g), g.param_bytes_total
+    check_memory(
+        acts + weights,
+        "--work measured: running the model at these dims",
+        f"activations {format_bytes(acts)} + weights {format_bytes(weights)}",
+        "use smaller --dim values or --work roofline",
+    )
     named = onnx.ModelProto()
     named.CopyFrom(model)
-    for node, name in zip(named.graph.node, _node_names(model), strict=True):
+    for node, name in zip(named.graph.node, node_names(model), strict=True):
         node.name = name
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_model = Path(tmp) / "model.onnx"
-        # keep external data where it is: point the copy at the original folder
-        for t in named.graph.initializer:
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = str((path.parent / e.value).resolve())
-        onnx.save(named, str(tmp_model))
         so = ort.SessionOptions()
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "prof")
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
-        try:
-            sess = ort.InferenceSession(str(tmp_model), so, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise MtppError(f"onnxruntime cannot run {path} to measure node times: {e}") from None
+        sess = session(named, Path(path).parent, so, what=f"run {path} to measure node times")
         feeds = random_inputs(named)
-        for _ in range(runs + 1):
-            sess.run(None, feeds)
+        try:
+            for _ in range(runs + 1):
+                sess.run(None, feeds)
+        except Exception as e:  # onnxruntime raises its own exception types
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MtppError(
+                f"onnxruntime failed running {path} to measure node times: {first}"
+            ) from None
         prof = sess.end_profiling()
         events = json.loads(Path(prof).read_text())
         os.unlink(prof)

@@ -1,0 +1,124 @@
+"""Small facts about ONNX protobufs that every step of the ONNX front end needs.
+
+Node names, element sizes, the control-flow operators and what their bodies read, and a walk
+over every stored tensor of a model (graph, subgraphs and model functions). No step imports
+another step through this module, so the front end has no import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+
+_DTYPE_BYTES: dict[int, float] = {}
+
+
+def dtype_bytes(elem_type: int) -> float:
+    """Bytes per element of an ONNX tensor element type (4-bit types count 0.5)."""
+    if not _DTYPE_BYTES:
+        from onnx import TensorProto, helper
+
+        for name, code in TensorProto.DataType.items():
+            if code == 0:
+                continue
+            try:
+                _DTYPE_BYTES[code] = float(np.dtype(helper.tensor_dtype_to_np_dtype(code)).itemsize)
+            except (KeyError, TypeError, ValueError):
+                _DTYPE_BYTES[code] = 1.0
+            if "4" in name and ("INT4" in name or "FLOAT4" in name):
+                _DTYPE_BYTES[code] = 0.5
+        _DTYPE_BYTES[TensorProto.STRING] = 8.0
+    return _DTYPE_BYTES.get(int(elem_type), 4.0)
+
+
+def node_names(model) -> list[str]:
+    """Unique names for every top-level node (ONNX allows empty and repeated names)."""
+    seen: dict[str, int] = {}
+    names = []
+    for i, node in enumerate(model.graph.node):
+        base = node.name or f"{node.op_type}_{i}"
+        if base in seen:
+            seen[base] += 1
+            base = f"{base}#{seen[base]}"
+        else:
+            seen[base] = 0
+        names.append(base)
+    return names
+
+
+def subgraphs(node) -> Iterator:
+    """The body graphs held in a node's attributes (If branches, Loop and Scan bodies)."""
+    from onnx import AttributeProto
+
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def subgraph_inputs(node) -> list[str]:
+    """Outer-scope tensors read by the body graphs of a control-flow node."""
+
+    def walk(graph, defined: set[str]) -> set[str]:
+        local = set(defined) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        local |= {s.values.name for s in graph.sparse_initializer}
+        outer: set[str] = set()
+        for n in graph.node:
+            for x in n.input:
+                if x and x not in local:
+                    outer.add(x)
+            for sub in subgraphs(n):
+                outer |= walk(sub, local)
+            local.update(o for o in n.output if o)
+        return outer
+
+    out: set[str] = set()
+    for sub in subgraphs(node):
+        out |= walk(sub, set())
+    return sorted(out)
+
+
+def node_tensors(node) -> Iterator:
+    """TensorProtos stored in a node's attributes (a Constant's value, sparse values included),
+    not descending into subgraphs."""
+    from onnx import AttributeProto
+
+    for a in node.attribute:
+        if a.type == AttributeProto.TENSOR:
+            yield a.t
+        elif a.type == AttributeProto.TENSORS:
+            yield from a.tensors
+        elif a.type == AttributeProto.SPARSE_TENSOR:
+            yield a.sparse_tensor.values
+            yield a.sparse_tensor.indices
+        elif a.type == AttributeProto.SPARSE_TENSORS:
+            for s in a.sparse_tensors:
+                yield s.values
+                yield s.indices
+
+
+def graph_tensors(graph) -> Iterator:
+    """Every TensorProto of a graph: initializers, sparse initializers and tensors in node
+    attributes, subgraphs included."""
+    yield from graph.initializer
+    for s in graph.sparse_initializer:
+        yield s.values
+        yield s.indices
+    for node in graph.node:
+        yield from node_tensors(node)
+        for sub in subgraphs(node):
+            yield from graph_tensors(sub)
+
+
+def model_tensors(model) -> Iterator:
+    """Every TensorProto of a model: the main graph and the bodies of its model functions."""
+    yield from graph_tensors(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            yield from node_tensors(node)
+            for sub in subgraphs(node):
+                yield from graph_tensors(sub)
