@@ -30,13 +30,41 @@ equals the evaluator's objective.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from solver.cluster import Cluster
 from solver.cost import check_assignment, validate
+from solver.errors import MtppError
 from solver.graph import Graph
+
+# devices x requests steps of one simulated pass: 32 bytes of arrays and ~8 us (two passes)
+# each on a 2-core test machine, so this bounds a run to ~64 MB and ~20 s
+MAX_EVENTS = 2_000_000
+
+
+def check_simulation_size(devices: int, requests: int) -> None:
+    """Refuse a simulation too large to allocate or finish, before allocating anything."""
+    if requests < 1:
+        raise MtppError(f"--requests must be >= 1, got {requests}")
+    events = devices * requests
+    if events > MAX_EVENTS:
+        raise MtppError(
+            f"--requests {requests} on {devices} devices means {events:,} simulation steps "
+            f"(about {32 * events / 2**20:,.0f} MiB); at most {MAX_EVENTS:,}: use --requests "
+            f"<= {max(1, MAX_EVENTS // max(1, devices)):,} (the period settles after a few "
+            "hundred requests)"
+        )
+
+
+def check_latency(latency: float | None) -> None:
+    """A link latency must be a finite number of seconds >= 0."""
+    if latency is not None and not (math.isfinite(latency) and latency >= 0):
+        raise MtppError(f"--latency must be a finite number of seconds >= 0, got {latency}")
 
 
 @dataclass
@@ -182,8 +210,11 @@ def simulate(
 
     All requests are available at time 0 to measure the steady-state period (throughput);
     latency is then measured by releasing request r at r x period, the fastest rate the
-    pipeline sustains without a growing queue.
+    pipeline sustains without a growing queue. Raises :class:`MtppError` for a latency that
+    is not a finite non-negative number or a run beyond :data:`MAX_EVENTS` steps.
     """
+    check_latency(latency)
+    check_simulation_size(cluster.devices, int(requests))
     run = _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline, 0.0)
     if run.requests > 1 and run.period > 0:
         paced = _run(g, cluster, assignment, requests, mode, overlap, latency, 0, run.period)
@@ -295,8 +326,9 @@ def _device_order(progs: list[DeviceProgram], k: int) -> list[int]:
     return order
 
 
-def draw_gantt(sim: Simulation, k: int, path: str, title: str = "") -> None:
-    """Devices as rows; receive, compute and send bars of the first requests (matplotlib)."""
+def draw_gantt(sim: Simulation, k: int, path: str | Path, title: str = "") -> None:
+    """Devices as rows; receive, compute and send bars of the first requests (matplotlib),
+    written atomically in the format the suffix names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -315,7 +347,25 @@ def draw_gantt(sim: Simulation, k: int, path: str, title: str = "") -> None:
     ax.set_xlabel("seconds")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, list(colors), loc="upper right", fontsize=8)
-    ax.set_title(title or f"{sim.mode} pipeline, period {sim.period:.4g} s")
+    # a graph name is text, not mathtext: "$" in it must not break the drawing
+    ax.set_title(title or f"{sim.mode} pipeline, period {sim.period:.4g} s", parse_math=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    try:  # write beside the target and rename: an interrupted save leaves the old file
+        with os.fdopen(fd, "wb") as fh:
+            try:
+                fig.savefig(fh, dpi=120, format=fmt)
+            except (OSError, RuntimeError, ValueError) as e:  # a backend missing for fmt
+                reason = " ".join(str(e).split())[:300]
+                raise MtppError(f"{path}: cannot write the Gantt chart ({reason})") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)

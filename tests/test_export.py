@@ -9,13 +9,14 @@ import numpy as np
 import onnx
 import pytest
 import yaml
+from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
 from solver.cluster import load_cluster
 from solver.cost import evaluate
 from solver.heuristics.manual import manual_assignment, parse_sharding
-from solver.io import load_graph
-from solver.io.onnx_export import export_plan
+from solver.io import load_graph, onnx_export
+from solver.io.onnx_export import compare_output, export_plan
 from solver.methods import SolveOptions, solve
 from solver.simulate import simulate
 
@@ -74,13 +75,14 @@ def test_export_cli_replaces_folder_atomically_and_verifies(tmp_path, capsys):
     out.mkdir()
     (out / "stale.txt").write_text("old")
     capsys.readouterr()
-    code = main(
-        ["export", str(model), str(plan), "--out", str(out), "--verify", "--json", "-k", "3"]
-    )
+    argv = ["export", str(model), str(plan), "--out", str(out), "--verify", "--json", "-k", "3"]
+    assert main(argv) == 2  # a non-empty folder needs --force
+    assert "--force" in capsys.readouterr().err and (out / "stale.txt").read_text() == "old"
+    code = main([*argv, "--force"])
     report = json.loads(capsys.readouterr().out)
-    assert code == 0 and report["verify"]["ok"]
+    assert code == 0 and report["verify"]["ok"] and report["verify"]["problems"] == []
     assert not (out / "stale.txt").exists() and (out / "annotated.onnx").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "plan.json"]  # no leftovers
 
 
 def test_export_refuses_non_onnx_and_backward_plans(tmp_path, capsys):
@@ -139,3 +141,147 @@ def test_external_weights_stay_external(tmp_path):
     for s in range(2):
         assert (out / f"stage{s}.onnx.data").stat().st_size > 0
         assert (out / f"stage{s}.onnx").stat().st_size < 100_000  # weights are not inline
+
+
+# ---------------------------------------------------------------------- verify must catch errors
+def random_mlp(path: Path, batch: str | int = 2, seed: int = 0, last: str = "MatMul") -> Path:
+    """x -> MatMul -> Add -> Relu -> MatMul -> Add -> Relu -> ``last`` -> y with random weights,
+    so that every weight and every edge changes the output (``batch`` may be a dim name)."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, *shape: int):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Add", ["h1", "b1"], ["a1"], name="add1"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="relu1"),
+        helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Add", ["h2", "b2"], ["a2"], name="add2"),
+        helper.make_node("Relu", ["a2"], ["r2"], name="relu2"),
+        helper.make_node("MatMul", ["r2", "W3"], ["h3"], name="mm3"),
+        helper.make_node(last, ["h3"] if last != "MatMul" else ["h3", "W4"], ["y"], name="last"),
+    ]
+    inits = [w("W1", 8, 16), w("b1", 16), w("W2", 16, 16), w("b2", 16), w("W3", 16, 4)]
+    inits += [w("W4", 4, 3)] if last == "MatMul" else []
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, None])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def mlp_and_plan(tmp_path, capsys):
+    model = random_mlp(tmp_path / "mlp.onnx")
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(model), "-m", "time", "-k", "3", "--out", str(plan), "-q"]) == 0
+    capsys.readouterr()
+    return model, plan
+
+
+def _corrupt_stages(monkeypatch, corrupt) -> list[str]:
+    """Let the exporter build every stage, then damage each with ``corrupt(model, stage)``
+    (which returns what it changed, or None to leave that stage alone)."""
+    build, seen = onnx_export._build_stage, []
+
+    def damaged(model, st, shapes):
+        m = build(model, st, shapes)
+        what = corrupt(m, st["stage"])
+        if what:
+            seen.append(what)
+        return m
+
+    monkeypatch.setattr(onnx_export, "_build_stage", damaged)
+    return seen
+
+
+def _export_verify(model, plan, out, capsys) -> tuple[int, dict]:
+    capsys.readouterr()
+    argv = ["export", str(model), str(plan), "--out", str(out), "--verify", "--json", "-k", "3"]
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_verify_passes_on_the_honest_export(mlp_and_plan, tmp_path, capsys):
+    model, plan = mlp_and_plan
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    assert code == 0 and report["verify"]["ok"] and report["verify"]["max_abs_diff"] <= 1e-6
+    assert len([st for st in report["stages"] if st["file"]]) == 3
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_verify_fails_on_a_perturbed_weight(mlp_and_plan, tmp_path, capsys, monkeypatch, stage):
+    model, plan = mlp_and_plan
+
+    def perturb(m, s):
+        if s != stage:
+            return None
+        t = m.graph.initializer[0]
+        arr = numpy_helper.to_array(t).copy()
+        arr += 0.1 * np.random.default_rng(stage).standard_normal(arr.shape).astype(arr.dtype)
+        t.CopyFrom(numpy_helper.from_array(arr, t.name))
+        return t.name
+
+    seen = _corrupt_stages(monkeypatch, perturb)
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    assert len(seen) == 1, "the stage was not corrupted"
+    assert code == 1 and not report["verify"]["ok"]
+    assert report["verify"]["max_abs_diff"] > 1e-4
+
+
+def test_verify_fails_on_a_dropped_edge(mlp_and_plan, tmp_path, capsys, monkeypatch):
+    """The first Add becomes an Identity of its first input: the bias edge is dropped, the
+    shapes stay right, only the values can tell."""
+    model, plan = mlp_and_plan
+
+    def drop_bias(m, s):
+        for node in m.graph.node:
+            if node.op_type == "Add" and not seen:
+                node.op_type = "Identity"
+                del node.input[1:]
+                return node.name
+        return None
+
+    seen = _corrupt_stages(monkeypatch, drop_bias)
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    assert len(seen) == 1
+    assert code == 1 and report["verify"]["problems"] == []  # no NaN, no shape error
+    assert report["verify"]["max_abs_diff"] > 1e-4
+
+
+def test_verify_fails_on_nan(tmp_path, capsys):
+    model = random_mlp(tmp_path / "log.onnx", last="Log")  # log of negative numbers: NaN
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(model), "-m", "time", "-k", "3", "--out", str(plan), "-q"]) == 0
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    assert code == 1 and not report["verify"]["ok"]
+    assert report["verify"]["problems"] == ["y: the original model output has NaN"]
+    assert report["verify"]["per_output"] == {"y": None}  # named, never a NaN in the JSON
+    assert report["verify"]["max_abs_diff"] is None
+
+
+def test_compare_output_checks_shape_dtype_and_nan():
+    ref = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert compare_output("y", ref, ref + 0.25) == (0.25, None)
+    assert (
+        compare_output("y", ref, ref[:1])[1] == "y: shape [1, 3] from the stages, [2, 3] expected"
+    )
+    assert compare_output("y", ref[:1], np.broadcast_to(ref[:1], (2, 3)))[0] is None
+    assert "dtype int64" in compare_output("y", ref, ref.astype(np.int64))[1]
+    bad = ref.copy()
+    bad[1, 2] = np.nan
+    assert compare_output("y", ref, bad) == (None, "y: the stages output has NaN")
+    assert compare_output("y", bad, bad) == (None, "y: the original model output has NaN")
+    inf = ref.copy()
+    inf[0, 0] = np.inf
+    assert compare_output("y", inf, inf) == (0.0, None)
+    assert compare_output("y", inf, ref)[0] is None
+    assert compare_output("m", ref > 2, ref > 2) == (0.0, None)
+    assert compare_output("m", ref > 2, ref > 3) == (1.0, None)

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from solver.cluster import Cluster
 from solver.cost import evaluate
+from solver.errors import MtppError
 from solver.exact.brute import all_assignments
 from solver.graph import Graph
-from solver.simulate import draw_gantt, simulate
+from solver.simulate import MAX_EVENTS, draw_gantt, simulate
 
 from .conftest import problems
 
@@ -68,3 +69,33 @@ def test_thousand_requests_of_a_large_plan_is_quick():
     a[g.topo_order] = np.arange(n) * 8 // n
     sim = simulate(g, c, a, requests=1000)
     assert sim.period == pytest.approx(evaluate(g, c, a).objective, rel=1e-9)
+
+
+def _chain() -> tuple[Graph, Cluster]:
+    g = Graph.build(["a", "b", "c"], [1.0, 1.0, 1.0], [4.0, 4.0, 0.0], [(0, 1), (1, 2)])
+    return g, Cluster("t", 3, link_bandwidth=2.0)
+
+
+@pytest.mark.parametrize("latency", [float("nan"), float("inf"), -1.0])
+def test_simulate_refuses_a_latency_that_is_not_a_time(latency):
+    g, c = _chain()
+    with pytest.raises(MtppError, match=r"--latency must be a finite number of seconds >= 0"):
+        simulate(g, c, [0, 1, 2], latency=latency)
+
+
+def test_simulate_refuses_absurd_sizes_before_allocating():
+    g, c = _chain()
+    too_many = MAX_EVENTS // 3 + 1
+    with pytest.raises(MtppError, match=rf"--requests {too_many} on 3 devices means"):
+        simulate(g, c, [0, 1, 2], requests=too_many)
+    with pytest.raises(MtppError, match=r"--requests must be >= 1"):
+        simulate(g, c, [0, 1, 2], requests=0)
+
+
+def test_gantt_title_is_plain_text(tmp_path):
+    g, c = _chain()
+    sim = simulate(g, c, [0, 1, 2], requests=5)
+    pdf = tmp_path / "g.pdf"
+    draw_gantt(sim, 3, pdf, title="$x^{$ [red]")  # broken mathtext, rich markup
+    assert pdf.read_bytes().startswith(b"%PDF")
+    assert [p.name for p in tmp_path.iterdir()] == ["g.pdf"]

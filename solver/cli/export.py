@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from solver.cli.common import (
@@ -10,6 +11,8 @@ from solver.cli.common import (
     add_json,
     add_model_and_plan,
     console,
+    esc,
+    fmt,
     formatter,
     load_graph_and_cluster,
     parse_dims,
@@ -17,6 +20,7 @@ from solver.cli.common import (
     print_json,
 )
 from solver.errors import MtppError
+from solver.files import check_output_dir
 
 
 def add_parser(sub) -> None:
@@ -27,17 +31,31 @@ def add_parser(sub) -> None:
         description="Write, into a new folder: annotated.onnx (every node carries "
         "__ipu_number and __pipeline_stage), stage{s}.onnx (one model per stage with explicit "
         "boundary tensors), sharding.yaml (PopRT-style manual sharding that --method manual "
-        "reads back), stages.json. The folder appears whole or not at all.",
+        "reads back), stages.json. The folder appears whole or not at all. An existing "
+        "empty folder is filled; a non-empty one is replaced only with --force.",
         epilog="example:\n  mtpp export model.onnx plan.json --out sharded/ --verify",
         formatter_class=formatter,
     )
     add_model_and_plan(p)
-    p.add_argument("--out", "-o", required=True, metavar="DIR", help="output folder (replaced)")
+    p.add_argument(
+        "--out",
+        "-o",
+        required=True,
+        metavar="DIR",
+        help="output folder: new, or empty (a non-empty folder needs --force)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing non-empty output folder (only once the new one is complete); "
+        "never the current folder, its parents, or a folder holding an input",
+    )
     p.add_argument(
         "--verify",
         action="store_true",
         help="run the original and the chained stages in onnxruntime on seeded random inputs; "
-        "exit 1 if the outputs differ by more than --tolerance",
+        "exit 1 if an output differs in shape or dtype, has NaN, or differs by more than "
+        "--tolerance",
     )
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff (default 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -50,6 +68,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
+    check_output_dir(args.out, [args.graph, args.plan], force=args.force, what="export")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    if args.seed < 0:
+        raise MtppError(f"--seed must be >= 0, got {args.seed}")
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
     stages = data.get("stages")  # the stages a manual-sharding YAML states
@@ -63,6 +86,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         verify=args.verify,
         tolerance=args.tolerance,
         seed=args.seed,
+        force=args.force,
+        inputs=[args.plan],
     )
     ok = report.get("verify", {}).get("ok", True)
     if args.json:
@@ -71,7 +96,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     con = console()
     con.print(
-        f"wrote {args.out}: annotated.onnx, "
+        f"wrote {esc(args.out)}: annotated.onnx, "
         + ", ".join(st["file"] for st in report["stages"] if st["file"])
         + ", sharding.yaml, stages.json"
     )
@@ -85,6 +110,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         v = report["verify"]
         status = "[green]OK[/green]" if ok else "[red]MISMATCH[/red]"
         con.print(
-            f"verify: max abs diff {v['max_abs_diff']:.3g} (tolerance {v['tolerance']:g}) {status}"
+            f"verify: max abs diff {fmt(v['max_abs_diff'])} (tolerance {v['tolerance']:g}) {status}"
         )
+        for problem in v["problems"]:
+            con.print(f"  [red]{esc(problem)}[/red]")
     return 0 if ok else 1

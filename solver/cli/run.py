@@ -10,6 +10,7 @@ from solver.cli.common import (
     add_json,
     add_model_and_plan,
     console,
+    esc,
     formatter,
     load_graph_and_cluster,
     parse_dims,
@@ -33,7 +34,12 @@ def add_parser(sub) -> None:
         formatter_class=formatter,
     )
     add_model_and_plan(p)
-    p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=100,
+        help="requests to push, 3 to 1,000,000 (default 100)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     add_graph_options(p)
     add_json(p)
@@ -42,23 +48,27 @@ def add_parser(sub) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from solver.cluster import Cluster
     from solver.io.onnx_import import load_onnx
-    from solver.run import run_plan
+    from solver.run import check_requests, run_plan
     from solver.simulate import simulate
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
-    if args.requests < 3:
-        raise MtppError(f"--requests must be >= 3, got {args.requests}")
+    check_requests(args.requests)
+    if args.seed < 0:
+        raise MtppError(f"--seed must be >= 0, got {args.seed}")
+    dims = parse_dims(args)
     g, cluster = load_graph_and_cluster(args)
     a, _, cluster = plan_assignment(args, g, cluster)
-    res = run_plan(args.graph, g, a, dims=parse_dims(args), requests=args.requests, seed=args.seed)
-    measured = load_onnx(args.graph, dims=parse_dims(args), work="measured")
+    res = run_plan(args.graph, g, a, dims=dims, requests=args.requests, seed=args.seed)
+    measured = load_onnx(args.graph, dims=dims, work="measured")
     here = Cluster("this-machine", int(a.max()) + 1, link_bandwidth=res.queue_bandwidth)
-    sim = simulate(measured, here, a, requests=max(50, args.requests))
+    # the simulated period settles within a few hundred requests; more only costs time
+    sim = simulate(measured, here, a, requests=min(max(50, args.requests), 500))
     out = {
         "graph": g.name,
         "stages": res.stages,
         "requests": args.requests,
+        "inputs": res.input_shapes,
         "measured": {"throughput": res.throughput, "latency": res.latency},
         "simulated": {
             "throughput": sim.throughput,
@@ -79,9 +89,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     con = console()
     con.print(
-        f"[bold]run[/bold]: {g.name}, {res.stages} stage processes, {args.requests} "
+        f"[bold]run[/bold]: {esc(g.name)}, {res.stages} stage processes, {args.requests} "
         f"requests; queue bandwidth {res.queue_bandwidth / 1e9:.3g} GB/s"
     )
+    shapes = ", ".join(esc(f"{x} {list(v)}") for x, v in res.input_shapes.items())
+    con.print(f"inputs: {shapes}")
     t = Table()
     for col in ("", "throughput (req/s)", "latency (ms)"):
         t.add_column(col, justify="right")

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from solver.cli.common import (
     add_graph_options,
     add_json,
     console,
+    esc,
     formatter,
     load_graph_and_cluster,
     plan_assignment,
     print_json,
 )
 from solver.errors import MtppError
+from solver.files import check_output_file
 
 
 def add_parser(sub) -> None:
@@ -39,17 +42,51 @@ def add_parser(sub) -> None:
         "sharding, one device busy at a time (default pipelined)",
     )
     p.add_argument("--overlap", action="store_true", help="let transfers overlap compute")
-    p.add_argument("--latency", type=float, metavar="SEC", help="per-message link latency")
-    p.add_argument("--gantt", metavar="FILE.png", help="draw devices x time bars to this PNG")
+    p.add_argument(
+        "--latency", type=float, metavar="SEC", help="per-message link latency in seconds (>= 0)"
+    )
+    p.add_argument(
+        "--gantt",
+        metavar="FILE.png",
+        help="draw devices x time bars to this file (format from the suffix: png, pdf, svg, ...); "
+        "its folder must exist",
+    )
     add_graph_options(p)
     add_json(p)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from solver.simulate import draw_gantt, simulate
+def check_gantt_path(path: str, inputs: list[str]) -> Path:
+    """Refuse a Gantt chart path that is an input, a folder, in a missing folder or under a
+    file, or whose suffix names no format matplotlib can write."""
+    out = check_output_file(path, inputs, what="Gantt chart")
+    if not out.parent.is_dir():
+        raise MtppError(f"{path}: the folder {out.parent} does not exist; create it first")
+    suffix = out.suffix.lstrip(".").lower()
+    formats = _image_formats()
+    if suffix not in formats:
+        raise MtppError(
+            f"{path}: --gantt needs a file name ending in one of "
+            + ", ".join(f".{x}" for x in sorted(formats))
+        )
+    return out
 
-    if args.requests < 1:
-        raise MtppError(f"--requests must be >= 1, got {args.requests}")
+
+def _image_formats() -> set[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from solver.simulate import check_latency, check_simulation_size, draw_gantt, simulate
+
+    check_simulation_size(1, args.requests)  # the device count is known once loaded
+    check_latency(args.latency)
+    if args.gantt:
+        check_gantt_path(args.gantt, [args.graph, args.plan])
     g, cluster = load_graph_and_cluster(args)
     a, _, cluster = plan_assignment(args, g, cluster)
     sim = simulate(
@@ -80,7 +117,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     con = console()
     con.print(
-        f"[bold]simulation[/bold]: graph {g.name}, {args.requests} requests, {args.mode}"
+        f"[bold]simulation[/bold]: graph {esc(g.name)}, {args.requests} requests, {args.mode}"
         + (" with overlap" if args.overlap else "")
     )
     con.print(f"cluster {cluster.summary()}")
@@ -104,5 +141,5 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for v in sim.violations:
         con.print(f"[red]invalid:[/red] {v}")
     if args.gantt:
-        con.print(f"Gantt chart written to {args.gantt}")
+        con.print(f"Gantt chart written to {esc(args.gantt)}")
     return 0 if sim.valid else 1

@@ -1,7 +1,8 @@
 """Write a plan as a sharded ONNX model, and prove it computes what the original did.
 
 Output folder (written to a temporary folder beside it and renamed into place, so an
-interrupted export leaves nothing half-written):
+interrupted export leaves nothing half-written; an existing non-empty folder is replaced only
+with ``force``, and only after the new one is complete):
 
 - ``annotated.onnx``: the full model with the int attributes ``__ipu_number`` (device) and
   ``__pipeline_stage`` (stage) on every node, as PopART and PopRT expect;
@@ -14,7 +15,8 @@ interrupted export leaves nothing half-written):
 - ``stages.json``: stage inputs/outputs and, with ``verify``, the check result.
 
 ``verify`` runs the original model and the chained stage models in onnxruntime on seeded
-random inputs and reports the largest absolute difference of the model outputs.
+random inputs, checks that every model output has the original's shape and kind of dtype, and
+reports the largest absolute difference; a NaN in either output fails the check.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +41,7 @@ def onnx_placement(model, g: Graph, assignment: np.ndarray) -> tuple[list[int], 
     (constant) nodes take the smallest device among their readers, so the annotated model
     never sends a tensor backwards.
     """
-    from solver.io.onnx_import import _node_names
+    from solver.io.onnx_common import node_names as _node_names
 
     names = _node_names(model)
     members = g.hints.get("members")
@@ -81,7 +84,8 @@ def _value_info(name: str, shapes) -> object:
 
 def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> list[dict]:
     """For every stage: the node indices (statics replicated), inputs, outputs, initializers."""
-    from solver.io.onnx_import import CONTROL_FLOW, _subgraph_inputs
+    from solver.io.onnx_common import CONTROL_FLOW
+    from solver.io.onnx_common import subgraph_inputs as _subgraph_inputs
 
     g = model.graph
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
@@ -192,15 +196,24 @@ def export_plan(
     verify: bool = False,
     tolerance: float = 1e-4,
     seed: int = 0,
+    force: bool = False,
+    inputs: list[str | Path] = (),
 ) -> dict:
-    """Write the annotated model, the stage models and the sharding YAML; return a report."""
+    """Write the annotated model, the stage models and the sharding YAML; return a report.
+
+    ``out_dir`` is checked first (:func:`solver.files.check_output_dir` with the model and
+    ``inputs``): an existing non-empty folder is replaced only with ``force``.
+    """
     import onnx
     from onnx import TensorProto, helper
 
-    from solver.io.onnx_import import check_external_paths, fix_dims, infer_shapes
+    from solver.files import check_output_dir
+    from solver.io.onnx_load import check_external_paths
+    from solver.io.onnx_shapes import complete_shapes, fix_dims
     from solver.io.sharding_yaml import to_sharding_yaml
 
     model_path, out_dir = Path(model_path), Path(out_dir)
+    check_output_dir(out_dir, [model_path, *inputs], force=force, what="export")
     a = np.asarray(assignment, dtype=np.int64)
     stage = a if stage is None else np.asarray(stage)
     k = int(a.max()) + 1
@@ -211,7 +224,7 @@ def export_plan(
 
     load_external_data_for_model(model, str(model_path.parent))
     fix_dims(model, dict(dims or {}))
-    shapes = infer_shapes(model)
+    shapes = complete_shapes(model, model_path.parent)[0]
     dev, static = onnx_placement(model, g, a)
     stage_of_device = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
     stages = stage_models(model, dev, static, shapes, k)
@@ -219,6 +232,9 @@ def export_plan(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the folder gets the usual mode
         annotated = onnx.ModelProto()
         annotated.CopyFrom(model)
         for node, d in zip(annotated.graph.node, dev, strict=True):
@@ -266,13 +282,25 @@ def export_plan(
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    """Rename ``tmp`` to ``out_dir``; an existing folder is moved aside first, then removed."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
+    """Rename the complete folder ``tmp`` to ``out_dir``.
+
+    An existing ``out_dir`` (already allowed by :func:`solver.files.check_output_dir`) is
+    renamed aside first and deleted only once the new folder is in place; if that rename
+    fails, the old folder is put back.
+    """
+    if not out_dir.exists():
+        os.replace(tmp, out_dir)
+        return
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except BaseException:
+        os.replace(old, out_dir)
+        raise
+    if old.is_symlink():  # the user named a link to a folder: drop the link, not its target
+        old.unlink()
+    else:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -282,7 +310,7 @@ def verify_stages(
     """Run the original and the chained stages on the same random inputs; compare outputs."""
     import onnxruntime as ort
 
-    from solver.io.onnx_profile import random_inputs
+    from solver.io.onnx_ort import random_inputs
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -298,22 +326,51 @@ def verify_stages(
         )
         outs = sess.run(st["outputs"], {x: env[x] for x in st["inputs"]})
         env.update(zip(st["outputs"], outs, strict=True))
-    diffs = {}
+    diffs: dict[str, float | None] = {}
+    problems: list[str] = []
     for name, ref in want.items():
         if name not in env:
             raise MtppError(f"verify: no stage produces the model output {name!r}")
-        got = env[name]
-        if np.issubdtype(np.asarray(ref).dtype, np.number):
-            diffs[name] = (
-                float(np.max(np.abs(np.asarray(got, np.float64) - ref))) if ref.size else 0.0
-            )
-        else:
-            diffs[name] = 0.0 if np.array_equal(got, ref) else float("inf")
-    worst = max(diffs.values(), default=0.0)
+        diffs[name], problem = compare_output(name, np.asarray(ref), np.asarray(env[name]))
+        if problem:
+            problems.append(problem)
+    compared = [d for d in diffs.values() if d is not None]
+    worst = max(compared) if compared else None  # None: no output could be compared
     return {
         "max_abs_diff": worst,
         "per_output": diffs,
+        "problems": problems,
         "tolerance": tolerance,
-        "ok": worst <= tolerance,
+        "ok": not problems and (worst or 0.0) <= tolerance,
         "seed": seed,
     }
+
+
+def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> tuple[float | None, str | None]:
+    """Largest absolute difference of one model output, or None and the reason it cannot pass.
+
+    Shapes and kinds of dtype (float, int, bool, ...) must agree before values are compared
+    (broadcasting would hide a wrong shape), and a NaN on either side is a failure, never a
+    pass: NaN compares unequal to everything, so a max over differences would drop it.
+    """
+    if ref.shape != got.shape:
+        return None, f"{name}: shape {list(got.shape)} from the stages, {list(ref.shape)} expected"
+    if ref.dtype.kind != got.dtype.kind:
+        return None, f"{name}: dtype {got.dtype} from the stages, {ref.dtype} expected"
+    if ref.dtype.kind in "fc":
+        for side, x in (("original model", ref), ("stages", got)):
+            if np.isnan(x).any():
+                return None, f"{name}: the {side} output has NaN"
+        if not np.array_equal(np.isinf(ref), np.isinf(got)) or not np.array_equal(
+            ref[np.isinf(ref)], got[np.isinf(got)]
+        ):
+            return None, f"{name}: infinities differ between the original and the stages"
+        fin = np.isfinite(ref)
+        diff = np.abs(got[fin].astype(np.float64) - ref[fin].astype(np.float64))
+        return (float(diff.max()) if diff.size else 0.0), None
+    if ref.dtype.kind in "iub":
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        return (float(diff.max()) if diff.size else 0.0), None
+    if np.array_equal(ref, got):
+        return 0.0, None
+    return None, f"{name}: values differ"
