@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import traceback
+import warnings
 
 from solver.cli import experiment, export, inspect_graph, run, shard, simulate, solve
 from solver.cli.common import CONTROL_CHARS, formatter
@@ -67,8 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings reach the user as one plain line each, not Python's two-line format."""
+    print(
+        CONTROL_CHARS.sub("?", f"mtpp: warning: {' '.join(str(message).split())}"), file=sys.stderr
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (0 ok, 2 user mistake, 3 our bug, 130 Ctrl-C)."""
+    warnings.showwarning = _show_warning
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
