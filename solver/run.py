@@ -405,15 +405,31 @@ def run_plan(
     requests: int = 50,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    memory_ok: bool = False,
 ) -> RunResult:
     """Export the plan into a temporary folder and run it (see :func:`run_pipeline`); the
-    folder is removed however the run ends."""
-    from solver.io.onnx_export import export_plan
+    folder is removed however the run ends.
+
+    Before anything is written, the memory the run needs (every stage's weights and
+    activations at once, then the unsplit model; :func:`solver.io.onnx_export.memory_estimate`)
+    is checked against the memory available, unless ``memory_ok``. Weights in external data
+    are copied into the folder (holes skipped) so that every stage session finds them.
+    """
+    from solver.io.onnx_export import check_estimate, export_plan
+
+    def fits(estimate: dict) -> None:
+        if not memory_ok:
+            check_estimate(
+                estimate,
+                "run",
+                "run (every stage process at once, then the unsplit model)",
+                "pass --memory-ok to run it anyway, or run on a machine with more memory",
+            )
 
     check_requests(requests)
     with _sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="mtpp-run-") as tmp:
         out = Path(tmp) / "stages"
-        report = export_plan(model_path, g, assignment, out, dims=dims)
+        report = export_plan(model_path, g, assignment, out, dims=dims, before_write=fits)
         return run_pipeline(
             Path(model_path),
             out,

@@ -21,6 +21,7 @@ from solver.cli.common import (
 )
 from solver.errors import MtppError
 from solver.files import check_output_dir
+from solver.units import format_bytes
 
 
 def add_parser(sub) -> None:
@@ -30,8 +31,10 @@ def add_parser(sub) -> None:
         help="write the sharded ONNX model of a plan (and verify it)",
         description="Write, into a new folder: annotated.onnx (every node carries "
         "__ipu_number and __pipeline_stage), stage{s}.onnx (one model per stage with explicit "
-        "boundary tensors), sharding.yaml (PopRT-style manual sharding that --method manual "
-        "reads back), stages.json. The folder appears whole or not at all. An existing "
+        "boundary tensors; weights kept in external data are copied, holes skipped, into "
+        "stage{s}.onnx.data, which annotated.onnx references too), sharding.yaml (PopRT-style "
+        "manual sharding that --method manual reads back), stages.json (with the memory "
+        "estimate). The folder appears whole or not at all. An existing "
         "empty folder is filled; a non-empty one is replaced only with --force.",
         epilog="example:\n  mtpp export model.onnx plan.json --out sharded/ --verify",
         formatter_class=formatter,
@@ -55,7 +58,15 @@ def add_parser(sub) -> None:
         action="store_true",
         help="run the original and the chained stages in onnxruntime on seeded random inputs; "
         "exit 1 if an output differs in shape or dtype, has NaN, or differs by more than "
-        "--tolerance",
+        "--tolerance. It needs about the model's weights plus activations in memory (the "
+        "estimate is printed); when that exceeds the memory available now it refuses, naming "
+        "both, unless --verify-memory-ok",
+    )
+    p.add_argument(
+        "--verify-memory-ok",
+        action="store_true",
+        help="with --verify: run the check even when its memory estimate exceeds the memory "
+        "available (the export itself never reads the weights into memory)",
     )
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff (default 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -73,6 +84,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     if args.seed < 0:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
+    if args.verify_memory_ok and not args.verify:
+        raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
     stages = data.get("stages")  # the stages a manual-sharding YAML states
@@ -88,6 +101,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         seed=args.seed,
         force=args.force,
         inputs=[args.plan],
+        verify_memory_ok=args.verify_memory_ok,
     )
     ok = report.get("verify", {}).get("ok", True)
     if args.json:
@@ -100,6 +114,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         + ", ".join(st["file"] for st in report["stages"] if st["file"])
         + ", sharding.yaml, stages.json"
     )
+    if report["data_files"]:
+        con.print(
+            "external weights copied into "
+            + ", ".join(report["data_files"])
+            + f": {format_bytes(report['weight_bytes_copied'])} of data (holes skipped)"
+        )
     for st in report["stages"]:
         if st["file"]:
             con.print(
@@ -111,6 +131,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         status = "[green]OK[/green]" if ok else "[red]MISMATCH[/red]"
         con.print(
             f"verify: max abs diff {fmt(v['max_abs_diff'])} (tolerance {v['tolerance']:g}) {status}"
+            f"; needed about {format_bytes(v['memory_estimate'])} of memory (estimate)"
         )
         for problem in v["problems"]:
             con.print(f"  [red]{esc(problem)}[/red]")

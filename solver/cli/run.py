@@ -41,6 +41,13 @@ def add_parser(sub) -> None:
         help="requests to push, 3 to 1,000,000 (default 100)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument(
+        "--memory-ok",
+        action="store_true",
+        help="run even when the memory estimate (every stage's weights and activations at "
+        "once, then the unsplit model) exceeds the memory available; without it such a run "
+        "is refused with the estimate",
+    )
     add_graph_options(p)
     add_json(p)
 
@@ -59,7 +66,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     dims = parse_dims(args)
     g, cluster = load_graph_and_cluster(args)
     a, _, cluster = plan_assignment(args, g, cluster)
-    res = run_plan(args.graph, g, a, dims=dims, requests=args.requests, seed=args.seed)
+    res = run_plan(
+        args.graph,
+        g,
+        a,
+        dims=dims,
+        requests=args.requests,
+        seed=args.seed,
+        memory_ok=args.memory_ok,
+    )
     measured = load_onnx(args.graph, dims=dims, work="measured")
     here = Cluster("this-machine", int(a.max()) + 1, link_bandwidth=res.queue_bandwidth)
     # the simulated period settles within a few hundred requests; more only costs time

@@ -8,20 +8,32 @@ with ``force``, and only after the new one is complete):
   ``__pipeline_stage`` (stage) on every node, as PopART and PopRT expect;
 - ``stage{s}.onnx``: one model per non-empty stage with explicit boundary tensors. Inputs are
   tensors from earlier stages or model inputs; outputs are what later stages or the model's
-  outputs need. Constant subgraphs are replicated into every stage that reads them; weights
-  stay external (``stage{s}.onnx.data``) when the original kept them external;
+  outputs need. Constant subgraphs are replicated into every stage that reads them;
+- ``stage{s}.onnx.data``: when the original kept weights in external data, the byte ranges
+  stage ``s`` needs, copied from the original data file(s) in chunks by the kernel, skipping
+  holes (a sparse file stays sparse). ``annotated.onnx`` references these same files (and
+  ``annotated.onnx.data`` for weights no stage reads), so the weights are stored once per
+  stage, never read into Python, and every location stays inside the folder, as onnxruntime
+  requires. Weights stored inline stay inline;
 - ``sharding.yaml``: the plan as PopRT-style manual sharding points, which ``--method manual``
   reads back to the same plan;
-- ``stages.json``: stage inputs/outputs and, with ``verify``, the check result.
+- ``stages.json``: stage inputs/outputs, the memory estimate and, with ``verify``, the result.
+
+The model is loaded without its external data and checked by path (the in-memory checker and
+protobuf stop at 2 GiB), so peak memory follows the size of the graph, not of the weights.
 
 ``verify`` runs the original model and the chained stage models in onnxruntime on seeded
 random inputs, checks that every model output has the original's shape and kind of dtype, and
-reports the largest absolute difference; a NaN in either output fails the check.
+reports the largest absolute difference; a NaN in either output fails the check. It needs about
+the model's weights plus activations in memory (:func:`memory_estimate`) and refuses when that
+exceeds the memory available, unless ``verify_memory_ok``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -32,6 +44,10 @@ import numpy as np
 
 from solver.errors import MtppError
 from solver.graph import Graph
+
+ALIGN = 4096  # offsets of copied tensors, so that onnxruntime may map them page by page
+CHUNK = 64 << 20  # bytes per copy call
+MAX_OPEN = 64  # source data files kept open at once
 
 
 def onnx_placement(model, g: Graph, assignment: np.ndarray) -> tuple[list[int], set[int]]:
@@ -151,7 +167,8 @@ def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> lis
 
 
 def _build_stage(model, st: dict, shapes):
-    import onnx
+    """The stage model, built from the node and initializer protos of ``model``: external
+    tensors still point at the original data (their bytes are never loaded)."""
     from onnx import helper
 
     g = model.graph
@@ -166,24 +183,256 @@ def _build_stage(model, st: dict, shapes):
     m = helper.make_model(graph, opset_imports=list(model.opset_import))
     m.ir_version = max(model.ir_version, 4)  # IR < 4 needs every initializer as an input
     m.functions.extend(model.functions)
-    onnx.checker.check_model(m)
     return m
 
 
-def _save(m, path: Path, external: bool) -> None:
-    import onnx
+# ---------------------------------------------------------------------- external data, by copy
+def _dense_bytes(t) -> int:
+    from solver.io.onnx_common import dtype_bytes
+    from solver.io.onnx_flops import numel
 
-    if external:
-        onnx.save(
-            m,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=path.name + ".data",
-            size_threshold=1024,
-        )
-    else:
-        onnx.save(m, str(path))
+    return math.ceil(numel(t.dims) * dtype_bytes(t.data_type))
+
+
+def _external(t) -> tuple[str, int, int]:
+    """(location, offset, length) of an external tensor (already checked by
+    :func:`solver.io.onnx_load.check_external_paths`)."""
+    info = {e.key: e.value for e in t.external_data}
+    length = int(info["length"]) if "length" in info else _dense_bytes(t)
+    return info["location"], int(info.get("offset", "0")), length
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of one tensor's data, external or inline, without reading it."""
+    from onnx import TensorProto
+
+    return _external(t)[2] if t.data_location == TensorProto.EXTERNAL else _dense_bytes(t)
+
+
+def held_bytes(t) -> int:
+    """Bytes onnxruntime's CPU provider holds for one weight: fp16 and bf16 count twice, since
+    it lacks fp16 kernels for most ops and computes in fp32 behind inserted casts (measured: a
+    642 MiB fp16 Llama held 1.34 GiB of resident memory once its session was built)."""
+    from onnx import TensorProto
+
+    wide = t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    return tensor_bytes(t) * (2 if wide else 1)
+
+
+def copy_range(src: int, dst: int, src_off: int, dst_off: int, length: int) -> int:
+    """Copy ``length`` bytes between open files, skipping the holes of the source (found with
+    SEEK_DATA / SEEK_HOLE), so that a sparse source stays sparse; returns the bytes copied.
+
+    The data goes through ``os.copy_file_range`` (in the kernel, a reflink where the file
+    system can), else through a ``CHUNK``-sized buffer: memory stays bounded by one chunk.
+    """
+    end, pos, copied = src_off + length, src_off, 0
+    while pos < end:
+        try:
+            data = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole up to the end of the file
+                break
+            data = pos  # no SEEK_DATA here: treat everything as data
+        if data >= end:
+            break
+        try:
+            hole = os.lseek(src, data, os.SEEK_HOLE)
+        except OSError:
+            hole = end
+        stop = min(max(hole, data + 1), end)
+        _copy_bytes(src, dst, data, dst_off + (data - src_off), stop - data)
+        copied += stop - data
+        pos = stop
+    return copied
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ETXTBSY}
+
+
+def _copy_bytes(src: int, dst: int, s: int, d: int, n: int) -> None:
+    kernel = hasattr(os, "copy_file_range")
+    while n > 0:
+        step = min(n, CHUNK)
+        done = 0
+        if kernel:
+            try:
+                done = os.copy_file_range(src, dst, step, s, d)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False  # another file system, or not supported: copy by buffer
+        if not kernel:
+            buf = os.pread(src, step, s)
+            done = os.pwrite(dst, buf, d) if buf else 0
+        if done <= 0:
+            raise MtppError(
+                "an external data file ended early while copying weights; it changed during "
+                "the export"
+            )
+        s, d, n = s + done, d + done, n - done
+
+
+class _DataFiles:
+    """The data files of one export: each tensor range copied once per output file.
+
+    ``add`` copies one source range into a named output file (created on first use) at the
+    next ``ALIGN``-ed offset and returns that offset; ``where`` says where a range already is.
+    """
+
+    def __init__(self, src_dir: Path, out_dir: Path):
+        self.src_dir, self.out_dir = src_dir, out_dir
+        self.src: dict[str, int] = {}
+        self.dst: dict[str, list[int]] = {}  # name -> [fd, end]
+        self.placed: dict[tuple[str, int, int], dict[str, int]] = {}
+        self.copied = 0
+
+    def add(self, name: str, key: tuple[str, int, int]) -> int:
+        at = self.placed.setdefault(key, {})
+        if name in at:
+            return at[name]
+        loc, offset, length = key
+        if loc not in self.src:
+            if len(self.src) >= MAX_OPEN:  # one file per tensor (onnx's default): few fds
+                for fd in self.src.values():
+                    os.close(fd)
+                self.src = {}
+            self.src[loc] = os.open(self.src_dir / loc, os.O_RDONLY)
+        if name not in self.dst:
+            fd = os.open(self.out_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            self.dst[name] = [fd, 0]
+        fd, end = self.dst[name]
+        pos = -(-end // ALIGN) * ALIGN
+        self.copied += copy_range(self.src[loc], fd, offset, pos, length)
+        self.dst[name][1] = pos + length
+        at[name] = pos
+        return pos
+
+    def where(self, key: tuple[str, int, int]) -> tuple[str, int] | None:
+        for name, pos in self.placed.get(key, {}).items():
+            return name, pos
+        return None
+
+    def close(self) -> None:
+        """Give every output file its full size (a trailing hole stays a hole), close all."""
+        for fd, end in self.dst.values():
+            try:
+                os.ftruncate(fd, end)
+            finally:
+                os.close(fd)
+        for fd in self.src.values():
+            os.close(fd)
+        self.src, self.dst = {}, {}
+
+
+def _point(t, location: str, offset: int, length: int) -> None:
+    del t.external_data[:]
+    for key, val in (("location", location), ("offset", offset), ("length", length)):
+        t.external_data.add(key=key, value=str(val))
+
+
+def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
+    """Save ``m`` at ``path`` with every external tensor moved into the folder: copied into
+    ``<name>.data``, or, with ``reuse``, pointed at a copy another file of the folder holds.
+    Then run the ONNX checker on the saved file (by path: external data and > 2 GiB work)."""
+    import onnx
+    from onnx import TensorProto
+
+    from solver.io.onnx_common import model_tensors
+
+    own = path.name + ".data"
+    try:
+        for t in model_tensors(m):
+            if t.data_location != TensorProto.EXTERNAL:
+                continue
+            key = _external(t)
+            found = data.where(key) if reuse else None
+            name, pos = found if found else (own, data.add(own, key))
+            _point(t, name, pos, key[2])
+        path.write_bytes(m.SerializeToString())
+    except OSError as e:  # a full disk, a quota: the user's to fix, not a crash
+        raise MtppError(
+            f"export: cannot write {path.name} or its data in {path.parent.parent}: "
+            f"{e.strerror or e}"
+        ) from None
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        raise MtppError(f"export: the ONNX checker rejects {path.name}: {first}") from None
+
+
+# ---------------------------------------------------------------------- memory
+def _bytes_of(names, shapes) -> float:
+    from solver.io.onnx_common import dtype_bytes
+    from solver.io.onnx_flops import numel
+
+    total = 0.0
+    for x in names:
+        shape, et = shapes.get(x, (None, 1))
+        if shape is not None:
+            total += numel(shape) * dtype_bytes(et or 1)
+    return total
+
+
+def memory_estimate(model, g: Graph, a: np.ndarray, stages: list[dict], shapes) -> dict:
+    """Bytes of memory a verify and a pipelined run need (an estimate, not a bound).
+
+    Weights are counted from the protos without reading them, as onnxruntime holds them
+    (:func:`held_bytes`). Activations: the liveness peak of
+    the cost graph in topological order (:func:`solver.io.onnx_ort.activation_peak`) for the
+    whole model, and per stage that of its nodes plus its boundary tensors. ``verify`` runs the
+    full model, then the stages one at a time holding every boundary tensor; ``run`` holds
+    every stage at once (one process each) plus the requests in flight, then the full model.
+    """
+    from solver.graph import induced_subgraph
+    from solver.io.onnx_common import graph_tensors, model_tensors, node_tensors, subgraphs
+    from solver.io.onnx_ort import activation_peak
+
+    gr = model.graph
+    init_by_name = {t.name: t for t in gr.initializer}
+    stored = float(sum(tensor_bytes(t) for t in model_tensors(model)))
+    weights = float(sum(held_bytes(t) for t in model_tensors(model)))
+    act_full = activation_peak(g)
+    per_stage = []
+    boundary = _bytes_of({x for st in stages for x in st["outputs"]}, shapes)
+    for st in stages:
+        if not st["nodes"]:
+            continue
+        w = sum(held_bytes(init_by_name[x]) for x in st["inits"])
+        for i in st["nodes"]:
+            node = gr.node[i]
+            w += sum(held_bytes(t) for t in node_tensors(node))
+            w += sum(held_bytes(t) for sub in subgraphs(node) for t in graph_tensors(sub))
+        nodes = np.flatnonzero(a == st["stage"])
+        act = activation_peak(induced_subgraph(g, nodes)) if len(nodes) else 0.0
+        act += _bytes_of(st["inputs"], shapes) + _bytes_of(st["outputs"], shapes)
+        per_stage.append({"stage": st["stage"], "weights": float(w), "activations": act})
+    feeds = _bytes_of([i.name for i in gr.input if i.name not in init_by_name], shapes)
+    full = weights + act_full
+    chained = max((s["weights"] + s["activations"] for s in per_stage), default=0.0)
+    in_flight = (4 * len(per_stage) + 4) * (feeds + boundary)  # solver.run's window
+    pipeline = sum(s["weights"] + s["activations"] for s in per_stage) + in_flight
+    return {
+        "weights_stored": stored,
+        "weights": weights,
+        "activations": act_full,
+        "stages": per_stage,
+        "verify": max(full, chained + feeds + boundary),
+        "run": max(full, pipeline),
+    }
+
+
+def check_estimate(est: dict, which: str, what: str, fix: str) -> None:
+    """Refuse (one line, exit 2) when the ``which`` estimate exceeds the available memory."""
+    from solver.io.onnx_ort import check_memory
+    from solver.units import format_bytes
+
+    held = f"weights {format_bytes(est['weights'])}"
+    if est["weights"] != est["weights_stored"]:
+        held += f", fp16 held as fp32, of {format_bytes(est['weights_stored'])} stored"
+    detail = f"estimated: {held}; activations {format_bytes(est['activations'])}"
+    check_memory(est[which], what, detail, fix)
 
 
 def export_plan(
@@ -198,14 +447,18 @@ def export_plan(
     seed: int = 0,
     force: bool = False,
     inputs: list[str | Path] = (),
+    verify_memory_ok: bool = False,
+    before_write=None,
 ) -> dict:
     """Write the annotated model, the stage models and the sharding YAML; return a report.
 
     ``out_dir`` is checked first (:func:`solver.files.check_output_dir` with the model and
-    ``inputs``): an existing non-empty folder is replaced only with ``force``.
+    ``inputs``): an existing non-empty folder is replaced only with ``force``. With ``verify``,
+    the memory it needs is checked against the memory available before anything is written
+    (skipped with ``verify_memory_ok``); ``before_write(estimate)`` may refuse too.
     """
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from solver.files import check_output_dir
     from solver.io.onnx_load import check_external_paths
@@ -219,25 +472,39 @@ def export_plan(
     k = int(a.max()) + 1
     model = onnx.load(str(model_path), load_external_data=False)
     check_external_paths(model, model_path.parent)
-    external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
-    from onnx.external_data_helper import load_external_data_for_model
-
-    load_external_data_for_model(model, str(model_path.parent))
     fix_dims(model, dict(dims or {}))
     shapes = complete_shapes(model, model_path.parent)[0]
     dev, static = onnx_placement(model, g, a)
     stage_of_device = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
     stages = stage_models(model, dev, static, shapes, k)
+    estimate = memory_estimate(model, g, a, stages, shapes)
+    if verify and not verify_memory_ok:
+        check_estimate(
+            estimate,
+            "verify",
+            "--verify (the full model, then the stages, in onnxruntime)",
+            "pass --verify-memory-ok to run it anyway, or export without --verify",
+        )
+    if before_write is not None:
+        before_write(estimate)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    data = _DataFiles(model_path.parent, tmp)
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the folder gets the usual mode
-        annotated = onnx.ModelProto()
-        annotated.CopyFrom(model)
-        for node, d in zip(annotated.graph.node, dev, strict=True):
+        files = []
+        for st in stages:
+            if not st["nodes"]:
+                continue
+            m = _build_stage(model, st, shapes)
+            name = f"stage{st['stage']}.onnx"
+            _write_model(m, tmp / name, data, reuse=False)
+            files.append(name)
+        # the annotated model is the loaded one (no weight bytes in it), annotated in place
+        for node, d in zip(model.graph.node, dev, strict=True):
             keep = [x for x in node.attribute if x.name not in ("__ipu_number", "__pipeline_stage")]
             del node.attribute[:]
             node.attribute.extend(keep)
@@ -245,16 +512,9 @@ def export_plan(
             node.attribute.append(
                 helper.make_attribute("__pipeline_stage", stage_of_device.get(int(d), int(d)))
             )
-        onnx.checker.check_model(annotated)
-        _save(annotated, tmp / "annotated.onnx", external)
-        files = []
-        for st in stages:
-            if not st["nodes"]:
-                continue
-            m = _build_stage(model, st, shapes)
-            name = f"stage{st['stage']}.onnx"
-            _save(m, tmp / name, external)
-            files.append(name)
+        _write_model(model, tmp / "annotated.onnx", data, reuse=True)
+        data_files = sorted(data.dst)
+        data.close()
         (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, a, stage))
         report = {
             "model": str(model_path),
@@ -270,12 +530,17 @@ def export_plan(
                 for st in stages
             ],
             "graph_outputs": [o.name for o in model.graph.output],
+            "memory": estimate,
+            "data_files": data_files,
+            "weight_bytes_copied": data.copied,
         }
         if verify:
             report["verify"] = verify_stages(model_path, model, tmp, report, tolerance, seed)
+            report["verify"]["memory_estimate"] = estimate["verify"]
         (tmp / "stages.json").write_text(json.dumps(report, indent=1))
         _replace_dir(tmp, out_dir)
     except BaseException:
+        data.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
@@ -317,6 +582,7 @@ def verify_stages(
     feeds = random_inputs(model, seed=seed)
     full = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
+    del full  # one model in memory at a time (see memory_estimate)
     env = dict(feeds)
     for st in report["stages"]:
         if not st["file"]:
@@ -325,6 +591,7 @@ def verify_stages(
             str(folder / st["file"]), so, providers=["CPUExecutionProvider"]
         )
         outs = sess.run(st["outputs"], {x: env[x] for x in st["inputs"]})
+        del sess
         env.update(zip(st["outputs"], outs, strict=True))
     diffs: dict[str, float | None] = {}
     problems: list[str] = []
