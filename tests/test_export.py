@@ -214,6 +214,69 @@ def test_verify_passes_on_the_honest_export(mlp_and_plan, tmp_path, capsys):
     code, report = _export_verify(model, plan, tmp_path / "out", capsys)
     assert code == 0 and report["verify"]["ok"] and report["verify"]["max_abs_diff"] <= 1e-6
     assert len([st for st in report["stages"] if st["file"]]) == 3
+    v = report["verify"]
+    assert v["tolerance"] is None and v["tolerance_per_output"] == {"y": 1e-4}  # float32
+    assert v["over_tolerance"] == []
+
+
+def test_float32_keeps_1e4_and_an_explicit_tolerance_wins(
+    mlp_and_plan, tmp_path, capsys, monkeypatch
+):
+    """A small perturbation of one fp32 weight (an output difference between 1e-4 and 1e-2)
+    fails the float32 default and passes an explicit --tolerance 0.01."""
+    model, plan = mlp_and_plan
+
+    def nudge(m, s):
+        if s != 1:
+            return None
+        t = next(t for t in m.graph.initializer if len(t.dims) == 2)
+        arr = numpy_helper.to_array(t).copy()
+        arr += (3e-5 * np.random.default_rng(7).standard_normal(arr.shape)).astype(arr.dtype)
+        t.CopyFrom(numpy_helper.from_array(arr, t.name))
+        return t.name
+
+    seen = _corrupt_stages(monkeypatch, nudge)
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    v = report["verify"]
+    assert len(seen) == 1 and 1e-4 < v["max_abs_diff"] < 1e-2
+    assert code == 1 and not v["ok"] and v["problems"] == []
+    assert v["tolerance_per_output"] == {"y": 1e-4} and v["over_tolerance"] == ["y"]
+    argv = ["export", model, plan, "--out", tmp_path / "o2", "--verify", "-k", "3"]
+    assert main([str(x) for x in [*argv, "--tolerance", "0.01"]]) == 0
+    text = capsys.readouterr().out
+    assert "(tolerance 0.01) OK" in text
+    assert main([str(x) for x in [*argv, "--force"]]) == 1
+    text = capsys.readouterr().out
+    assert "(tolerance 0.0001, the default for the output type) MISMATCH" in text
+    assert "y: max abs diff" in text and "exceeds its tolerance 0.0001" in text
+
+
+def test_integer_outputs_are_compared_exactly_by_default(tmp_path, capsys):
+    """An ArgMax output (int64) beside the float one: exact by default, 1e-4 for the float."""
+    src = onnx.load(str(random_mlp(tmp_path / "mlp.onnx")))
+    src.graph.node.append(helper.make_node("ArgMax", ["y"], ["idx"], name="am", axis=1))
+    src.graph.output.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 1]))
+    model = tmp_path / "two.onnx"
+    onnx.save(src, str(model))
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(model), "-m", "time", "-k", "3", "--out", str(plan), "-q"]) == 0
+    code, report = _export_verify(model, plan, tmp_path / "out", capsys)
+    v = report["verify"]
+    assert code == 0 and v["ok"] and v["per_output"]["idx"] == 0.0
+    assert v["tolerance_per_output"] == {"y": 1e-4, "idx": 0.0}
+    argv = ["export", model, plan, "--out", tmp_path / "o2", "--verify", "-k", "3"]
+    assert main([str(x) for x in argv]) == 0
+    text = capsys.readouterr().out
+    assert "default tolerance by output type: 0.0001 for 1 output, exact for 1 output" in text
+
+
+def test_default_tolerance_by_type():
+    from solver.io.onnx_export import default_tolerance
+
+    T = TensorProto
+    assert [default_tolerance(t) for t in (T.FLOAT, T.DOUBLE, T.COMPLEX64)] == [1e-4] * 3
+    assert [default_tolerance(t) for t in (T.FLOAT16, T.BFLOAT16)] == [1e-2, 1e-2]
+    assert [default_tolerance(t) for t in (T.INT64, T.INT8, T.BOOL, T.STRING, 0)] == [0.0] * 5
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])

@@ -705,3 +705,53 @@ def test_external_constant_and_sparse_initializer_are_weights(tmp_path):
     assert sizes == {"cw": 64.0, "sv": 64.0}
     users = {g.p_names[p]: g.names[g.p_users[p]] for p in range(g.num_params)}
     assert users == {"cw": "m1", "sv": "m2"}
+
+
+# ---------------------------------------------------------------- weights as onnxruntime holds them
+def half_and_float_model(tmp_path) -> Path:
+    """fp16 x @ W16 (64x64 fp16: 8 KiB stored) -> Cast -> @ W32 (64x64 fp32: 16 KiB), with
+    random weights; onnxruntime's CPU provider holds W16 as fp32 (16 KiB)."""
+    rng = np.random.default_rng(3)
+    w16 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float16), "w16")
+    w32 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w32")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w16"], ["h"], name="mm16"),
+        helper.make_node("Cast", ["h"], ["hf"], name="cast", to=F),
+        helper.make_node("MatMul", ["hf", "w32"], ["y"], name="mm32"),
+    ]
+    return save(
+        tmp_path, nodes, [vi("x", [1, 64], TensorProto.FLOAT16)], [vi("y", [1, 64])], [w16, w32]
+    )
+
+
+def test_weight_bytes_count_fp16_twice(tmp_path):
+    from solver.io.onnx_ort import held_bytes, tensor_bytes, weight_bytes, weights_detail
+
+    model = onnx.load(str(half_and_float_model(tmp_path)))
+    by_name = {t.name: t for t in model.graph.initializer}
+    assert [tensor_bytes(by_name[x]) for x in ("w16", "w32")] == [8192, 16384]
+    assert [held_bytes(by_name[x]) for x in ("w16", "w32")] == [16384, 16384]
+    assert weight_bytes(model) == (24576.0, 32768.0)
+    assert weights_detail(24576.0, 32768.0) == "weights 32 KiB, fp16 held as fp32, of 24 KiB stored"
+    assert weights_detail(100.0, 100.0) == "weights 100 B"
+
+
+def test_measured_work_counts_held_weights_and_memory_ok_skips_the_check(tmp_path, monkeypatch):
+    """Memory for the stored weights but not for fp16 held as fp32: refused (the old estimate,
+    weights as stored, would have run); with memory_ok the profile runs."""
+    from solver.io.onnx_ort import activation_peak
+
+    path = half_and_float_model(tmp_path)
+    g = load_graph(path)
+    assert g.param_bytes_total == 24576
+    acts = activation_peak(g)
+    monkeypatch.setattr("solver.io.onnx_ort.available_memory", lambda: int(acts + 28672))
+    with pytest.raises(
+        MtppError,
+        match=r"^--work measured: running the model at these dims needs about .* \(activations "
+        r".* \+ weights 32 KiB, fp16 held as fp32, of 24 KiB stored\) but .* use smaller --dim",
+    ):
+        load_graph(path, work="measured")
+    g = load_graph(path, work="measured", memory_ok=True)
+    assert g.hints["work_model"] == "measured"
+    assert g.work[g.node("mm16")] > 0 and g.work[g.node("mm32")] > 0

@@ -69,6 +69,30 @@ def test_run_honours_dim(dyn_model, capsys):
         assert out[key]["throughput"] > 0 and out[key]["latency"] > 0
 
 
+def test_run_profiles_the_model_once_with_the_dims(dyn_model, capsys, monkeypatch):
+    """The simulator's node times come from one profile at the run's dims: the graph's own
+    when it was loaded with --work measured, else one made after the run; --memory-ok reaches
+    it."""
+    import solver.io.onnx_profile as prof
+
+    model, plan = dyn_model
+    calls, real = [], prof.measured_work
+
+    def counted(path, m, g, runs=5, memory_ok=False):
+        calls.append((g.hints["dims"], memory_ok))
+        return real(path, m, g, runs=runs, memory_ok=memory_ok)
+
+    monkeypatch.setattr(prof, "measured_work", counted)
+    argv = ["run", str(model), str(plan), "--requests", "5", "--json", "--dim", "batch=2"]
+    assert main([*argv, "--memory-ok"]) == 0
+    assert calls == [(["batch=2"], True)]
+    capsys.readouterr()
+    assert main([*argv, "--work", "measured"]) == 0
+    assert calls[1:] == [(["batch=2"], False)]  # the loaded graph's profile, reused
+    out = json.loads(capsys.readouterr().out)
+    assert out["simulated"]["throughput"] > 0
+
+
 def _exported(tmp_path, model: Path, k: int = 3) -> tuple[dict, Path]:
     g = load_graph(model)
     plan = solve(g, load_cluster("ipu-pod", devices=k), "time")

@@ -104,6 +104,7 @@ def load_graph_and_cluster(args: argparse.Namespace):
             "work": args.work,
             "cluster": args.cluster,
             "devices": args.devices,
+            "memory_ok": getattr(args, "memory_ok", False),  # mtpp run --memory-ok
         }
     g = load_graph(args.graph, **options)
     cluster = resolve_cluster(g, args.cluster, args.devices)

@@ -68,7 +68,16 @@ def add_parser(sub) -> None:
         help="with --verify: run the check even when its memory estimate exceeds the memory "
         "available (the export itself never reads the weights into memory)",
     )
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff (default 1e-4)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="largest absolute difference allowed on every output (default: by the output's "
+        "type: 1e-4 for float32/float64, 1e-2 for float16/bfloat16, where stage and full "
+        "sessions fuse ops differently, exact for integers and bools); the tolerance used "
+        "for each output is in the report",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     add_graph_options(p)
     add_json(p)
@@ -80,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     check_output_dir(args.out, [args.graph, args.plan], force=args.force, what="export")
-    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     if args.seed < 0:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
@@ -130,9 +139,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         v = report["verify"]
         status = "[green]OK[/green]" if ok else "[red]MISMATCH[/red]"
         con.print(
-            f"verify: max abs diff {fmt(v['max_abs_diff'])} (tolerance {v['tolerance']:g}) {status}"
+            f"verify: max abs diff {fmt(v['max_abs_diff'])} ({tolerance_text(v)}) {status}"
             f"; needed about {format_bytes(v['memory_estimate'])} of memory (estimate)"
         )
         for problem in v["problems"]:
             con.print(f"  [red]{esc(problem)}[/red]")
+        for name in v["over_tolerance"]:
+            con.print(
+                f"  [red]{esc(name)}: max abs diff {fmt(v['per_output'][name])} exceeds its "
+                f"tolerance {v['tolerance_per_output'][name]:g}[/red]"
+            )
     return 0 if ok else 1
+
+
+def tolerance_text(v: dict) -> str:
+    """The tolerance of a verify report in a few words: the one given, or the defaults used."""
+    from collections import Counter
+
+    if v["tolerance"] is not None:
+        return f"tolerance {v['tolerance']:g}"
+    used = sorted(Counter(v["tolerance_per_output"].values()).items(), reverse=True)
+    words = [(f"{t:g}" if t else "exact", n) for t, n in used]
+    if len(words) == 1:
+        return f"tolerance {words[0][0]}, the default for the output type"
+    return "default tolerance by output type: " + ", ".join(
+        f"{w} for {n} output{'s' if n > 1 else ''}" for w, n in words
+    )

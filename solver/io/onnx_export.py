@@ -24,7 +24,9 @@ protobuf stop at 2 GiB), so peak memory follows the size of the graph, not of th
 
 ``verify`` runs the original model and the chained stage models in onnxruntime on seeded
 random inputs, checks that every model output has the original's shape and kind of dtype, and
-reports the largest absolute difference; a NaN in either output fails the check. It needs about
+reports the largest absolute difference, held per output to the tolerance given or to the
+default of its type (1e-4 for float32/float64, 1e-2 for float16/bfloat16, exact for integers
+and bools); a NaN in either output fails the check. It needs about
 the model's weights plus activations in memory (:func:`memory_estimate`) and refuses when that
 exceeds the memory available, unless ``verify_memory_ok``.
 """
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -44,6 +45,7 @@ import numpy as np
 
 from solver.errors import MtppError
 from solver.graph import Graph
+from solver.io.onnx_ort import external_range, held_bytes, weight_bytes, weights_detail
 
 ALIGN = 4096  # offsets of copied tensors, so that onnxruntime may map them page by page
 CHUNK = 64 << 20  # bytes per copy call
@@ -187,38 +189,6 @@ def _build_stage(model, st: dict, shapes):
 
 
 # ---------------------------------------------------------------------- external data, by copy
-def _dense_bytes(t) -> int:
-    from solver.io.onnx_common import dtype_bytes
-    from solver.io.onnx_flops import numel
-
-    return math.ceil(numel(t.dims) * dtype_bytes(t.data_type))
-
-
-def _external(t) -> tuple[str, int, int]:
-    """(location, offset, length) of an external tensor (already checked by
-    :func:`solver.io.onnx_load.check_external_paths`)."""
-    info = {e.key: e.value for e in t.external_data}
-    length = int(info["length"]) if "length" in info else _dense_bytes(t)
-    return info["location"], int(info.get("offset", "0")), length
-
-
-def tensor_bytes(t) -> int:
-    """Bytes of one tensor's data, external or inline, without reading it."""
-    from onnx import TensorProto
-
-    return _external(t)[2] if t.data_location == TensorProto.EXTERNAL else _dense_bytes(t)
-
-
-def held_bytes(t) -> int:
-    """Bytes onnxruntime's CPU provider holds for one weight: fp16 and bf16 count twice, since
-    it lacks fp16 kernels for most ops and computes in fp32 behind inserted casts (measured: a
-    642 MiB fp16 Llama held 1.34 GiB of resident memory once its session was built)."""
-    from onnx import TensorProto
-
-    wide = t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    return tensor_bytes(t) * (2 if wide else 1)
-
-
 def copy_range(src: int, dst: int, src_off: int, dst_off: int, length: int) -> int:
     """Copy ``length`` bytes between open files, skipping the holes of the source (found with
     SEEK_DATA / SEEK_HOLE), so that a sparse source stays sparse; returns the bytes copied.
@@ -345,7 +315,7 @@ def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
         for t in model_tensors(m):
             if t.data_location != TensorProto.EXTERNAL:
                 continue
-            key = _external(t)
+            key = external_range(t)
             found = data.where(key) if reuse else None
             name, pos = found if found else (own, data.add(own, key))
             _point(t, name, pos, key[2])
@@ -379,20 +349,19 @@ def memory_estimate(model, g: Graph, a: np.ndarray, stages: list[dict], shapes) 
     """Bytes of memory a verify and a pipelined run need (an estimate, not a bound).
 
     Weights are counted from the protos without reading them, as onnxruntime holds them
-    (:func:`held_bytes`). Activations: the liveness peak of
+    (:func:`solver.io.onnx_ort.held_bytes`). Activations: the liveness peak of
     the cost graph in topological order (:func:`solver.io.onnx_ort.activation_peak`) for the
     whole model, and per stage that of its nodes plus its boundary tensors. ``verify`` runs the
     full model, then the stages one at a time holding every boundary tensor; ``run`` holds
     every stage at once (one process each) plus the requests in flight, then the full model.
     """
     from solver.graph import induced_subgraph
-    from solver.io.onnx_common import graph_tensors, model_tensors, node_tensors, subgraphs
+    from solver.io.onnx_common import graph_tensors, node_tensors, subgraphs
     from solver.io.onnx_ort import activation_peak
 
     gr = model.graph
     init_by_name = {t.name: t for t in gr.initializer}
-    stored = float(sum(tensor_bytes(t) for t in model_tensors(model)))
-    weights = float(sum(held_bytes(t) for t in model_tensors(model)))
+    stored, weights = weight_bytes(model)
     act_full = activation_peak(g)
     per_stage = []
     boundary = _bytes_of({x for st in stages for x in st["outputs"]}, shapes)
@@ -428,9 +397,7 @@ def check_estimate(est: dict, which: str, what: str, fix: str) -> None:
     from solver.io.onnx_ort import check_memory
     from solver.units import format_bytes
 
-    held = f"weights {format_bytes(est['weights'])}"
-    if est["weights"] != est["weights_stored"]:
-        held += f", fp16 held as fp32, of {format_bytes(est['weights_stored'])} stored"
+    held = weights_detail(est["weights_stored"], est["weights"])
     detail = f"estimated: {held}; activations {format_bytes(est['activations'])}"
     check_memory(est[which], what, detail, fix)
 
@@ -443,7 +410,7 @@ def export_plan(
     dims: dict[str, int] | None = None,
     stage: np.ndarray | None = None,
     verify: bool = False,
-    tolerance: float = 1e-4,
+    tolerance: float | None = None,
     seed: int = 0,
     force: bool = False,
     inputs: list[str | Path] = (),
@@ -456,6 +423,7 @@ def export_plan(
     ``inputs``): an existing non-empty folder is replaced only with ``force``. With ``verify``,
     the memory it needs is checked against the memory available before anything is written
     (skipped with ``verify_memory_ok``); ``before_write(estimate)`` may refuse too.
+    ``tolerance`` None holds each output to the default of its type (:func:`default_tolerance`).
     """
     import onnx
     from onnx import helper
@@ -569,10 +537,51 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# default --tolerance by ONNX output type: fp32/fp64 sessions agree to rounding; fp16/bf16
+# stage and full sessions fuse (and cast) ops differently, a few fp16 ulps (measured 2.4e-4)
+FLOAT_TOLERANCE = 1e-4
+HALF_TOLERANCE = 1e-2
+
+
+def default_tolerance(elem_type: int) -> float:
+    """Largest absolute difference allowed on an output of this ONNX element type when the user
+    gives no ``--tolerance``: 1e-4 for float32/float64 (and complex), 1e-2 for float16/bfloat16,
+    0 (exact) for integers, bools, strings and the 8-bit floats."""
+    from onnx import TensorProto
+
+    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return HALF_TOLERANCE
+    if elem_type in (
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.COMPLEX64,
+        TensorProto.COMPLEX128,
+    ):
+        return FLOAT_TOLERANCE
+    return 0.0
+
+
+def _elem_type(model, name: str, value: np.ndarray) -> int:
+    """ONNX element type of a model output: as declared, else from the value onnxruntime gave."""
+    from onnx import helper
+
+    for o in model.graph.output:
+        if o.name == name and o.type.tensor_type.elem_type:
+            return int(o.type.tensor_type.elem_type)
+    try:
+        return int(helper.np_dtype_to_tensor_dtype(value.dtype))
+    except (KeyError, TypeError, ValueError):
+        return 0  # a type onnx does not name: compared exactly
+
+
 def verify_stages(
-    model_path: Path, model, folder: Path, report: dict, tolerance: float, seed: int
+    model_path: Path, model, folder: Path, report: dict, tolerance: float | None, seed: int
 ) -> dict:
-    """Run the original and the chained stages on the same random inputs; compare outputs."""
+    """Run the original and the chained stages on the same random inputs; compare outputs.
+
+    Every output is held to ``tolerance`` or, when it is None, to the default of its element
+    type (:func:`default_tolerance`); the report names the tolerance used per output.
+    """
     import onnxruntime as ort
 
     from solver.io.onnx_ort import random_inputs
@@ -594,21 +603,29 @@ def verify_stages(
         del sess
         env.update(zip(st["outputs"], outs, strict=True))
     diffs: dict[str, float | None] = {}
+    tols: dict[str, float] = {}
     problems: list[str] = []
     for name, ref in want.items():
         if name not in env:
             raise MtppError(f"verify: no stage produces the model output {name!r}")
-        diffs[name], problem = compare_output(name, np.asarray(ref), np.asarray(env[name]))
+        ref = np.asarray(ref)
+        tols[name] = (
+            tolerance if tolerance is not None else default_tolerance(_elem_type(model, name, ref))
+        )
+        diffs[name], problem = compare_output(name, ref, np.asarray(env[name]))
         if problem:
             problems.append(problem)
+    over = [x for x, d in diffs.items() if d is not None and d > tols[x]]
     compared = [d for d in diffs.values() if d is not None]
     worst = max(compared) if compared else None  # None: no output could be compared
     return {
         "max_abs_diff": worst,
         "per_output": diffs,
         "problems": problems,
-        "tolerance": tolerance,
-        "ok": not problems and (worst or 0.0) <= tolerance,
+        "tolerance": tolerance,  # None: each output's default, in tolerance_per_output
+        "tolerance_per_output": tols,
+        "over_tolerance": over,  # outputs whose difference exceeds their tolerance
+        "ok": not problems and not over,
         "seed": seed,
     }
 

@@ -33,8 +33,10 @@ def load_onnx(
     work: str = "roofline",
     cluster: str | None = None,
     devices: int | None = None,
+    memory_ok: bool = False,
 ) -> Graph:
-    """Read an ONNX file into a cost graph. ``cluster`` (preset or YAML) sets the roofline."""
+    """Read an ONNX file into a cost graph. ``cluster`` (preset or YAML) sets the roofline;
+    ``memory_ok`` lets ``work="measured"`` run past its memory estimate."""
     from solver.cluster import load_cluster
 
     path = Path(path)
@@ -59,7 +61,7 @@ def load_onnx(
     if work == "measured":
         from solver.io.onnx_profile import measured_work
 
-        g = g.with_work(measured_work(path, model, g))
+        g = g.with_work(measured_work(path, model, g, memory_ok=memory_ok))
         g.hints["work_model"] = "measured"
     return g
 

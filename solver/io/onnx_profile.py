@@ -3,7 +3,8 @@
 Graph optimisations are disabled so that every kernel keeps its ONNX node name; one thread, a
 warm-up run, then the mean over ``runs``. Times of view and static ONNX nodes are added to the
 cost node they were folded into. External weights are read by onnxruntime from the model's
-folder, never by Python; a run that would not fit in the available memory is refused first.
+folder, never by Python; a run that would not fit in the available memory (weights as
+onnxruntime holds them, plus the activation peak) is refused first, unless ``memory_ok``.
 """
 
 from __future__ import annotations
@@ -19,24 +20,37 @@ import numpy as np
 from solver.errors import MtppError
 from solver.graph import Graph
 from solver.io.onnx_common import node_names
-from solver.io.onnx_ort import activation_peak, check_memory, random_inputs, session
+from solver.io.onnx_ort import (
+    activation_peak,
+    check_memory,
+    random_inputs,
+    session,
+    weight_bytes,
+    weights_detail,
+)
 from solver.units import format_bytes
 
 __all__ = ["measured_work", "random_inputs"]
 
 
-def measured_work(path: Path, model, g: Graph, runs: int = 5) -> np.ndarray:
-    """Seconds per cost node from an onnxruntime profile of this machine."""
+def measured_work(
+    path: Path, model, g: Graph, runs: int = 5, memory_ok: bool = False
+) -> np.ndarray:
+    """Seconds per cost node from an onnxruntime profile of this machine.
+
+    ``memory_ok`` skips the memory check (the caller already checked, or was told to run).
+    """
     import onnx
     import onnxruntime as ort
 
-    acts, weights = activation_peak(g), g.param_bytes_total
-    check_memory(
-        acts + weights,
-        "--work measured: running the model at these dims",
-        f"activations {format_bytes(acts)} + weights {format_bytes(weights)}",
-        "use smaller --dim values or --work roofline",
-    )
+    if not memory_ok:
+        acts, (stored, held) = activation_peak(g), weight_bytes(model)
+        check_memory(
+            acts + held,
+            "--work measured: running the model at these dims",
+            f"activations {format_bytes(acts)} + {weights_detail(stored, held)}",
+            "use smaller --dim values or --work roofline",
+        )
     named = onnx.ModelProto()
     named.CopyFrom(model)
     for node, name in zip(named.graph.node, node_names(model), strict=True):
