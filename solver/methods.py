@@ -3,14 +3,21 @@
 Heuristics work on the coarse graph (co-location groups merged) and map back; each returned
 plan is priced by the one evaluator. Heuristic plans carry the universal lower bound of
 :func:`solver.cost.lower_bound`, so every plan has a certified gap.
+
+:func:`solve` first checks the options (per method, with the list of valid keys), then runs the
+method on at most as many blocks as the coarse graph has nodes (extra devices stay empty, which
+changes no optimum) and refuses, before allocating, a run whose tables would not fit in memory.
+Every method stops at ``time_limit`` and returns its best plan so far.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +25,12 @@ from solver.cluster import Cluster
 from solver.cost import lower_bound, validate
 from solver.errors import MtppError
 from solver.graph import Graph, coarse_view
-from solver.plan import FEASIBLE, Plan, make_plan
+from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
 LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for its hint
+WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
+MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
+MAX_WORKERS = 1024
 
 
 @dataclass
@@ -35,6 +45,177 @@ class SolveOptions:
     extra: dict = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- option checking
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One method option: its type, the values it accepts, and how to say so."""
+
+    kind: type
+    ok: Callable[[Any], bool] = lambda v: True
+    rule: str = ""
+
+    def describe(self) -> str:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        base = names.get(self.kind, "a JSON object")
+        return f"{base} {self.rule}".strip()
+
+
+def _int(lo: int, hi: int | None = None) -> OptionSpec:
+    rule = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+    return OptionSpec(int, lambda v: v >= lo and (hi is None or v <= hi), rule)
+
+
+def _frac(lo_open: bool, hi_open: bool) -> OptionSpec:
+    rule = f"in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}"
+    return OptionSpec(
+        float,
+        lambda v: (v > 0 if lo_open else v >= 0) and (v < 1 if hi_open else v <= 1),
+        rule,
+    )
+
+
+METHOD_OPTIONS: dict[str, dict[str, OptionSpec]] = {
+    "cpsat": {"cpsat_params": OptionSpec(dict)},
+    "slicegraph": {
+        "population": _int(2, 100_000),
+        "generations": _int(0),
+        "elite": _frac(True, False),
+        "mutants": _frac(False, True),
+        "bias": _frac(False, False),
+    },
+    "poprt": {
+        "optimal_perf": OptionSpec(bool),
+        "keep_per_step": _int(1),
+        "keep_best": _int(1),
+    },
+    "manual": {"sharding": OptionSpec(str)},
+    "idealdp": {"max_ideals": _int(1, 10_000_000)},
+    "time": {},
+    "params": {},
+    "uniform": {},
+    "brute": {},
+}
+# CP-SAT parameters the solver sets itself for soundness or for --time-limit
+RESERVED_CPSAT = {
+    "presolve_inclusion_work_limit": "it guards against google/or-tools#5293 (wrong optima)",
+    "max_time_in_seconds": "use --time-limit",
+    "relative_gap_limit": "use --gap",
+    "num_workers": "use --workers",
+    "random_seed": "use --seed",
+    "log_search_progress": "CP-SAT's log would mix with mtpp's output on stdout",
+    "log_to_stdout": "CP-SAT's log would mix with mtpp's output on stdout",
+}
+
+
+def _type_ok(kind: type, v: Any) -> bool:
+    if kind is bool:
+        return isinstance(v, bool)
+    if isinstance(v, bool):
+        return False
+    if kind is float:
+        return isinstance(v, (int, float)) and math.isfinite(v)
+    return isinstance(v, kind)
+
+
+def check_method_options(method: str, extra: dict) -> dict:
+    """The options of ``method`` checked against :data:`METHOD_OPTIONS` (floats as float).
+
+    Raises :class:`MtppError` naming an unknown key (with the valid ones) or a wrong value.
+    """
+    specs = METHOD_OPTIONS.get(method, {})
+    out = {}
+    for key, value in extra.items():
+        spec = specs.get(key)
+        if spec is None:
+            valid = f"valid: {', '.join(specs)}" if specs else "it takes no options"
+            raise MtppError(f"unknown option {key!r} for {method}; {valid}")
+        if not _type_ok(spec.kind, value) or not spec.ok(value):
+            raise MtppError(
+                f"option {key!r} for {method} must be {spec.describe()}, got {value!r}"[:300]
+            )
+        out[key] = float(value) if spec.kind is float else value
+    if "cpsat_params" in out:
+        _check_cpsat_params(out["cpsat_params"])
+    return out
+
+
+def _check_cpsat_params(params: dict) -> None:
+    from ortools.sat.python import cp_model
+
+    probe = cp_model.CpSolver().parameters
+    for key, value in params.items():
+        if key in RESERVED_CPSAT:
+            raise MtppError(f"cpsat_params: {key!r} cannot be set here; {RESERVED_CPSAT[key]}")
+        try:
+            setattr(probe, key, value)
+        except AttributeError:
+            raise MtppError(f"cpsat_params: {key!r} is not a CP-SAT parameter") from None
+        except (TypeError, ValueError):
+            raise MtppError(
+                f"cpsat_params: {value!r} is not a valid value for {key!r}"[:300]
+            ) from None
+
+
+def check_solve_options(opts: SolveOptions) -> None:
+    """Refuse a time limit, gap, seed or worker count no method can honour."""
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not number(opts.time_limit) or opts.time_limit <= 0:
+        raise MtppError(f"--time-limit must be a finite number > 0 seconds, got {opts.time_limit}")
+    if not number(opts.gap) or not 0 <= opts.gap < 1:
+        raise MtppError(f"--gap must be a finite number in [0, 1), got {opts.gap}")
+    if not isinstance(opts.seed, int) or not 0 <= opts.seed <= MAX_SEED:
+        raise MtppError(f"--seed must be an integer in 0..{MAX_SEED}, got {opts.seed}")
+    if not isinstance(opts.workers, int) or not 0 <= opts.workers <= MAX_WORKERS:
+        raise MtppError(f"--workers must be an integer in 0..{MAX_WORKERS}, got {opts.workers}")
+
+
+def memory_budget() -> int:
+    """Bytes one solve may allocate: half of this machine's physical memory (8 GiB if unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def estimate_bytes(method: str, g: Graph, k: int, extra: dict) -> int:
+    """Rough peak bytes ``method`` allocates on coarse graph ``g`` with k blocks (its largest
+    tables: the slicing DP, BRKGA's population, CP-SAT's variables, the ideal DP)."""
+    from solver.heuristics.slicing import slice_table_bytes
+
+    n = g.n
+    if method in ("time", "params", "uniform", "poprt", "manual", "brute"):
+        return 64 * n  # linear in n (brute checks its own k^n)
+    need = slice_table_bytes(n, k)  # quick_assignment / every decode
+    if method == "slicegraph":
+        need += 24 * int(extra.get("population", 20)) * n
+    elif method == "cpsat":
+        need += 400 * 2 * (n + g.num_tensors + g.num_params) * k  # Python and C++ per variable
+    elif method == "idealdp":
+        cap = int(extra.get("max_ideals", 50_000))
+        need += cap * (16 * (k + 1) + 2 * n)
+    return need
+
+
+def _check_memory(method: str, g: Graph, k: int, extra: dict) -> None:
+    from solver.units import format_bytes
+
+    need, budget = estimate_bytes(method, g, k, extra), memory_budget()
+    if need > budget:
+        raise MtppError(
+            f"{method} on {g.n:,} nodes and {k:,} blocks would need about {format_bytes(need)} "
+            f"of memory (the limit is {format_bytes(budget)}, half of this machine's); use fewer "
+            "devices (--devices) or a linear-time method (time, params, uniform)"
+        )
+
+
+# ---------------------------------------------------------------- shared steps
+
+
 def _members(labels: np.ndarray, L: int) -> np.ndarray:
     return np.bincount(labels, minlength=L)
 
@@ -42,12 +223,19 @@ def _members(labels: np.ndarray, L: int) -> np.ndarray:
 def _finish(
     g: Graph, cluster: Cluster, a: np.ndarray, method: str, t0: float, stats: dict | None = None
 ) -> Plan:
-    """Wrap a heuristic assignment: order/co-location errors are bugs; capacity ones are marked."""
+    """Wrap a heuristic assignment: order/co-location errors are bugs; a plan that breaks the
+    device capacity is refused with the reason, as the exact methods refuse it."""
     bad = validate(g, cluster, a)
     hard = [v for v in bad if v.kind != "capacity"]
     if hard:
         raise AssertionError(f"{method} produced an invalid plan: {hard[0]}")
-    plan = make_plan(
+    if bad:
+        raise MtppError(
+            f"{method} found no plan of {g.name!r} within the device capacity ({len(bad)} "
+            f"block(s) over; {bad[0]}); use more devices (--devices) or --method cpsat, "
+            "which proves whether any plan fits"
+        )
+    return make_plan(
         g,
         cluster,
         a,
@@ -58,10 +246,6 @@ def _finish(
         stats=stats,
         check=False,
     )
-    if bad:
-        plan.status = "INVALID"
-        plan.stats["violations"] = [str(v) for v in bad]
-    return plan
 
 
 def run_baseline(what: str) -> Callable[[Graph, Cluster, SolveOptions], Plan]:
@@ -77,32 +261,42 @@ def run_baseline(what: str) -> Callable[[Graph, Cluster, SolveOptions], Plan]:
     return run
 
 
-def quick_assignment(g: Graph, cluster: Cluster) -> tuple[float, np.ndarray | None]:
+def quick_assignment(
+    g: Graph, cluster: Cluster, deadline: float = math.inf
+) -> tuple[float, np.ndarray | None]:
     """Best plan of the fast deterministic slicings (breadth- and depth-first orders) and the
-    time-balanced baseline, as (objective, assignment on the original graph)."""
+    time-balanced baseline, as (objective, assignment on the original graph). The slicings
+    stop at ``deadline`` (``time.perf_counter()``); the baseline is always there first."""
     from solver.cost import evaluate
     from solver.heuristics.baselines import contiguous_split
     from solver.heuristics.orders import depth_first_order
-    from solver.heuristics.slicing import slice_order
+    from solver.heuristics.slicing import SliceTimeout, slice_order
 
     cg, labels = coarse_view(g)
     best, best_a = math.inf, None
     base = contiguous_split(cg, cluster.devices, "time")
     if not any(v.kind == "capacity" for v in validate(cg, cluster, base)):
         best, best_a = evaluate(cg, cluster, base).objective, base
-    for order in (cg.topo_order, depth_first_order(cg)):
-        val, a = slice_order(cg, cluster, order)
-        if a is not None and val < best:
-            best, best_a = val, a
+    try:
+        for order in (cg.topo_order, depth_first_order(cg)):
+            val, a = slice_order(cg, cluster, order, deadline=deadline)
+            if a is not None and val < best:
+                best, best_a = val, a
+    except SliceTimeout:
+        pass
     if best_a is None:
         return math.inf, None
     return best, best_a[labels]
 
 
 def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
-    """SliceGraph: optimal slicing of topological orders searched by BRKGA."""
+    """SliceGraph: optimal slicing of topological orders searched by BRKGA (best of it and the
+    time-balanced split when the limit stops the search before its first slicing)."""
+    from solver.cost import evaluate
+    from solver.heuristics.baselines import contiguous_split
     from solver.heuristics.brkga import BrkgaOptions, brkga
     from solver.heuristics.orders import depth_first_order
+    from solver.progress import SolveProgress
 
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
@@ -116,17 +310,22 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
         seed=opts.seed,
         time_limit=opts.time_limit,
     )
-    from solver.progress import SolveProgress
-
     bound = lower_bound(g, cluster)
     with SolveProgress(enabled=opts.progress, title=f"slicegraph {g.name}") as prog:
+        prog.note("searching topological orders")
         val, ca, stats = brkga(
             cg,
             cluster,
-            bo,
+            replace(bo, time_limit=max(0.0, opts.time_limit - (time.perf_counter() - t0))),
             seeds=[cg.topo_order, depth_first_order(cg)],
             on_improve=lambda best, elapsed: prog.update(best, bound, elapsed),
         )
+    base = contiguous_split(cg, cluster.devices, "time")
+    if not validate(cg, cluster, base):
+        base_val = evaluate(cg, cluster, base).objective
+        if base_val < val:
+            val, ca = base_val, base
+            stats["fallback"] = "time-balanced split (the search found nothing better in time)"
     if ca is None:
         raise MtppError(
             f"slicegraph found no plan of {g.name!r} that fits the device capacity; "
@@ -141,20 +340,25 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     from solver.progress import SolveProgress
 
     t0 = time.perf_counter()
-    best, hint = quick_assignment(g, cluster)
-    cg, labels = coarse_view(g)
-    if cg.n > LARGE_GRAPH:
-        # on large graphs CP-SAT improves a hint slowly: spend a quarter of the time on the
-        # SliceGraph search first and start from the better plan
-        from solver.heuristics.brkga import BrkgaOptions, brkga
-        from solver.heuristics.orders import depth_first_order
-
-        bo = BrkgaOptions(seed=opts.seed, time_limit=opts.time_limit / 4)
-        val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
-        if ca is not None and val < best:
-            hint = ca[labels]
-    heur_s = time.perf_counter() - t0
     with SolveProgress(enabled=opts.progress, title=f"cpsat {g.name}") as prog:
+        prog.note("warm start (slicing topological orders)")
+        warm_deadline = t0 + WARM_START_SHARE * opts.time_limit
+        best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
+        cg, labels = coarse_view(g)
+        if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline:
+            # on large graphs CP-SAT improves a hint slowly: spend the rest of the warm-start
+            # share on the SliceGraph search first and start from the better plan
+            from solver.heuristics.brkga import BrkgaOptions, brkga
+            from solver.heuristics.orders import depth_first_order
+
+            left = warm_deadline - time.perf_counter()
+            bo = BrkgaOptions(seed=opts.seed, time_limit=left)
+            val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
+            if ca is not None and val < best:
+                best, hint = val, ca[labels]
+        heur_s = time.perf_counter() - t0
+        if math.isfinite(best):
+            prog.update(best, lower_bound(g, cluster), heur_s)
         co = CpsatOptions(
             time_limit=max(0.05, opts.time_limit - heur_s),
             workers=opts.workers,
@@ -163,6 +367,7 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
             on_progress=prog.update if opts.progress else None,
             params=dict(opts.extra.get("cpsat_params", {})),
         )
+        prog.note("building the CP-SAT model")
         plan = solve_cpsat(g, cluster, hint, co)
     if plan is not None:
         plan.wall_seconds = time.perf_counter() - t0
@@ -212,20 +417,28 @@ def run_manual(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
 
 
 def run_idealdp(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
-    """Exact DP over the ideals of the DAG (capped)."""
-    from solver.heuristics.idealdp import ideal_dp
-    from solver.plan import OPTIMAL
+    """Exact DP over the ideals of the DAG (capped); at the time limit, the warm-start plan
+    with the universal bound."""
+    from solver.heuristics.idealdp import IdealTimeout, ideal_dp, too_many_ideals
 
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
-    upper, _ = quick_assignment(g, cluster)
-    val, ca, stats = ideal_dp(
-        cg,
-        cluster,
-        upper=upper,
-        max_ideals=int(opts.extra.get("max_ideals", 50_000)),
-        time_limit=opts.time_limit,
-    )
+    max_ideals = int(opts.extra.get("max_ideals", 50_000))
+    if cg.n + 1 > max_ideals:  # a DAG has at least n + 1 ideals: refuse before the warm start
+        raise too_many_ideals(max_ideals)
+    upper, quick = quick_assignment(g, cluster, deadline=t0 + WARM_START_SHARE * opts.time_limit)
+    try:
+        val, ca, stats = ideal_dp(
+            cg,
+            cluster,
+            upper=upper,
+            max_ideals=max_ideals,
+            time_limit=max(0.0, opts.time_limit - (time.perf_counter() - t0)),
+        )
+    except IdealTimeout as e:
+        if quick is None:
+            raise
+        return _finish(g, cluster, quick, "idealdp", t0, {"note": f"{e}: warm-start plan"})
     if ca is None:
         return None
     return make_plan(
@@ -260,10 +473,63 @@ METHODS: dict[str, Callable[[Graph, Cluster, SolveOptions], Plan | None]] = {
 }
 
 
+def _single_block(g: Graph, cluster: Cluster, method: str, t0: float) -> Plan | None:
+    """k = 1: the one plan there is (optimal by enumeration), or None when it does not fit."""
+    from solver.cost import evaluate
+
+    a = np.zeros(g.n, dtype=np.int64)
+    if validate(g, cluster, a):
+        return None
+    return make_plan(
+        g,
+        cluster,
+        a,
+        method,
+        lower_bound=evaluate(g, cluster, a).objective,
+        status=OPTIMAL,
+        wall_seconds=time.perf_counter() - t0,
+        stats={"trivial": "one block: the only plan"},
+        check=False,
+    )
+
+
+def _widen(plan: Plan, g: Graph, cluster: Cluster) -> Plan:
+    """A plan solved with fewer blocks, re-evaluated on the full cluster (the extra devices stay
+    empty; every bound still holds, as no plan can use more blocks than nodes)."""
+    stats = dict(plan.stats, solved_blocks=plan.k)
+    stats.pop("raw_lower_bound", None)
+    raw = plan.stats.get("raw_lower_bound", plan.lower_bound)
+    return make_plan(
+        g,
+        cluster,
+        plan.assignment,
+        plan.method,
+        lower_bound=raw,
+        status=plan.status,
+        wall_seconds=plan.wall_seconds,
+        stats=stats,
+        check=False,
+    )
+
+
 def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = None) -> Plan | None:
     """Run ``method`` on graph ``g`` and cluster; None when no valid plan exists."""
     try:
         fn = METHODS[method]
     except KeyError:
         raise MtppError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}") from None
-    return fn(g, cluster, opts or SolveOptions())
+    opts = opts or SolveOptions()
+    check_solve_options(opts)
+    opts = replace(opts, extra=check_method_options(method, opts.extra))
+    t0 = time.perf_counter()
+    if method == "manual":  # its device numbers come from the file
+        return fn(g, cluster, opts)
+    cg, _ = coarse_view(g)
+    k = min(cluster.devices, cg.n)
+    if k == 1:
+        return _single_block(g, cluster, method, t0)
+    _check_memory(method, cg, k, opts.extra)
+    if k == cluster.devices:
+        return fn(g, cluster, opts)
+    plan = fn(g, cluster.with_devices(k), opts)
+    return None if plan is None else _widen(plan, g, cluster)

@@ -2,7 +2,8 @@
 
 The status is honest by construction: :func:`make_plan` evaluates the assignment with the one
 evaluator and downgrades OPTIMAL to FEASIBLE unless the lower bound is within 1e-6 (relative) of
-the re-evaluated objective.
+the re-evaluated objective. A bound above the objective (beyond float rounding) is a bug in the
+solver that produced it and raises :class:`InvalidBoundError`; it is never clipped silently.
 """
 
 from __future__ import annotations
@@ -22,10 +23,23 @@ from solver.graph import Graph
 PLAN_FORMAT = "mtpp-plan"
 PLAN_VERSION = 1
 OPTIMALITY_TOL = 1e-6
+# a lower bound may exceed the re-evaluated objective by float rounding only (sums taken in
+# another order): this much relative, plus BOUND_ABS_TOL absolute for objectives near zero
+BOUND_TOL = 1e-9
+BOUND_ABS_TOL = 1e-12
 
 OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
 INVALID = "INVALID"  # a plan that breaks a hard constraint (evaluate only; solvers refuse it)
 ERROR = "ERROR"  # an experiment run that failed; its record carries the reason
+
+
+class InvalidBoundError(AssertionError):
+    """A solver claimed a lower bound above its own plan's objective: a bug, not a user error."""
+
+
+def bound_exceeds(bound: float, objective: float) -> bool:
+    """True when ``bound`` is above ``objective`` by more than float rounding can explain."""
+    return bound > objective + BOUND_TOL * abs(objective) + BOUND_ABS_TOL
 
 
 @dataclass
@@ -79,6 +93,8 @@ class Plan:
             "objective": self.objective,
             "lower_bound": self.lower_bound,
             "gap": self.gap,
+            # OPTIMAL with a gap above 1e-6: proven at this rounding resolution (seconds)
+            "optimal_within": self.stats.get("optimal_within"),
             "throughput": ev.throughput if math.isfinite(ev.throughput) else None,
             "latency": ev.latency,
             "bottleneck_block": ev.bottleneck,
@@ -102,11 +118,18 @@ def make_plan(
     wall_seconds: float = 0.0,
     stats: dict | None = None,
     check: bool = True,
+    resolution: float = 0.0,
 ) -> Plan:
     """Evaluate ``assignment`` and wrap it as a :class:`Plan`.
 
     With ``check`` (the default) an invalid assignment raises: a solver must never return one.
-    OPTIMAL is kept only when ``lower_bound`` proves it within 1e-6 relative.
+    OPTIMAL is kept only when ``lower_bound`` proves it within 1e-6 relative. A bound above the
+    objective by more than float rounding raises :class:`InvalidBoundError`; within rounding it
+    is reported as the objective, and the bound as given stays in ``stats["raw_lower_bound"]``.
+
+    ``resolution`` (seconds, absolute) is the worst-case rounding error of an exact model whose
+    integer optimum was proven: OPTIMAL is then also kept when objective - bound is at most
+    that, and ``stats["optimal_within"]`` states it (see :func:`optimal_within`).
     """
     a = np.asarray(assignment, dtype=np.int64)
     if check:
@@ -114,8 +137,18 @@ def make_plan(
         if bad:
             raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
     ev = evaluate(g, cluster, a)
+    stats = dict(stats or {})
     if lower_bound is not None:
-        lower_bound = float(min(lower_bound, ev.objective)) if status == OPTIMAL else lower_bound
+        lower_bound = float(lower_bound)
+        if not math.isfinite(lower_bound):
+            raise InvalidBoundError(f"{method} returned the lower bound {lower_bound}")
+        if bound_exceeds(lower_bound, ev.objective):
+            raise InvalidBoundError(
+                f"{method} claims the lower bound {lower_bound!r} above its plan's re-evaluated "
+                f"objective {ev.objective!r} (more than float rounding): a solver bug"
+            )
+        stats["raw_lower_bound"] = lower_bound
+        lower_bound = min(lower_bound, ev.objective)
     plan = Plan(
         graph_name=g.name,
         fingerprint=g.fingerprint,
@@ -125,13 +158,29 @@ def make_plan(
         method=method,
         status=status,
         evaluation=ev,
-        lower_bound=None if lower_bound is None else float(lower_bound),
+        lower_bound=lower_bound,
         wall_seconds=float(wall_seconds),
-        stats=dict(stats or {}),
+        stats=stats,
     )
     if plan.status == OPTIMAL and (plan.gap is None or plan.gap > OPTIMALITY_TOL):
-        plan.status = FEASIBLE
+        if plan.gap is not None and optimal_within(plan.objective, plan.lower_bound, resolution):
+            plan.stats["optimal_within"] = float(resolution)
+        else:
+            plan.status = FEASIBLE
     return plan
+
+
+MAX_RESOLUTION = 1e-3  # a rounding resolution above this share of the objective proves nothing
+
+
+def optimal_within(objective: float, bound: float, resolution: float) -> bool:
+    """True when ``objective - bound`` is explained by a rounding ``resolution`` (seconds) no
+    larger than MAX_RESOLUTION of the objective: OPTIMAL "within the stated resolution"."""
+    return (
+        math.isfinite(resolution)
+        and 0 <= resolution <= MAX_RESOLUTION * abs(objective)
+        and objective - bound <= resolution
+    )
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -11,8 +11,10 @@ class SolveProgress:
     """Context manager showing one live status line on stderr; silent when disabled."""
 
     def __init__(self, enabled: bool, title: str):
+        from solver.cli.common import esc
+
         self.enabled = enabled and sys.stderr is not None
-        self.title = title
+        self.title = esc(title)  # holds a graph name: printed through rich
         self.best = math.inf
         self.bound = -math.inf
         self._status = None
@@ -27,6 +29,16 @@ class SolveProgress:
             self._status.__enter__()
             self._t0 = self._last = time.perf_counter()
         return self
+
+    def note(self, text: str) -> None:
+        """Say which step runs now (a warm start, building a model) before any incumbent; when
+        stderr is not a terminal, as a plain line at most every 5 s (quick runs stay silent)."""
+        if self._status is not None:
+            self._status.update(f"{self.title}: {text}")
+            now = time.perf_counter()
+            if not self._console.is_terminal and now - self._last > 5:
+                self._console.print(f"{self.title}: {text} (elapsed {now - self._t0:.1f}s)")
+                self._last = now
 
     def update(self, objective: float, bound: float, elapsed: float) -> None:
         if not self.enabled:

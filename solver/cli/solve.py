@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import textwrap
 
 from solver.cli.common import (
     add_graph_options,
     add_json,
     console,
+    esc,
     fmt,
     formatter,
     load_graph_and_cluster,
@@ -17,7 +19,7 @@ from solver.cli.common import (
     print_json,
 )
 from solver.errors import MtppError
-from solver.methods import METHODS
+from solver.methods import METHOD_OPTIONS, METHODS
 
 
 def add_solve_parser(sub) -> None:
@@ -69,7 +71,8 @@ def add_solve_parser(sub) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a method option, e.g. --set population=50 --set generations=30 (slicegraph), "
-        "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt)",
+        "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt); valid keys: "
+        + "; ".join(f"{m}: {', '.join(o)}" for m, o in METHOD_OPTIONS.items() if o),
     )
     add_graph_options(p)
     add_json(p)
@@ -82,7 +85,10 @@ def add_evaluate_parser(sub) -> None:
         help="cost of a given plan: objective and per-block table",
         description="Evaluate a plan on a graph with the one evaluator: per-block io, work, "
         "overflow, f(S), memory, and whether the plan is valid. The cluster is --cluster if "
-        "given, else the one recorded in the plan, else the graph's.",
+        "given, else the one recorded in the plan, else the graph's. The objective, validity "
+        "and the universal lower bound are recomputed; the status and bound the file states "
+        "are shown as claimed, and checked against the recomputed numbers. Exit code 1 when "
+        "the plan is invalid or its claim does not check out.",
         epilog="example:\n  mtpp evaluate graph.json plan.json --json",
         formatter_class=formatter,
     )
@@ -97,18 +103,51 @@ def add_evaluate_parser(sub) -> None:
     add_json(p)
 
 
-def _print_plan(plan, violations=(), title: str = "plan") -> None:
+def _block_rows(plan) -> list[tuple[str, dict | None]]:
+    """(label, row) per table line: runs of two or more empty blocks collapse into one line."""
+    rows = plan.evaluation.blocks()
+    out: list[tuple[str, dict | None]] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        while j < len(rows) and rows[j]["nodes"] == 0:
+            j += 1
+        if j - i >= 2:
+            out.append((f"{i}..{j - 1}", None))
+            i = j
+            continue
+        mark = " *" if rows[i]["block"] == plan.evaluation.bottleneck else ""
+        out.append((f"{rows[i]['block']}{mark}", rows[i]))
+        i += 1
+    return out
+
+
+def _print_plan(plan, violations=(), title: str = "plan", claim: dict | None = None) -> None:
     from rich.table import Table
 
+    from solver.plan import OPTIMAL
+    from solver.units import format_bytes, format_time
+
     con = console()
-    con.print(f"[bold]{title}[/bold]: graph {plan.graph_name}, method {plan.method}")
-    con.print(f"cluster {plan.cluster.summary()}")
+    con.print(f"[bold]{title}[/bold]: graph {esc(plan.graph_name)}, method {esc(plan.method)}")
+    con.print(f"cluster {esc(plan.cluster.summary())}")
     lb = plan.lower_bound
     gap = plan.gap
+    status = plan.status + (" (as claimed by the plan file)" if claim and claim["used"] else "")
+    within = plan.stats.get("optimal_within") if plan.status == OPTIMAL else None
+    if claim is not None and claim["used"]:
+        within = claim.get("claimed_optimal_within")
+    if within:
+        status += f" (within the rounding resolution {fmt(within)} s)"
     con.print(
-        f"status [bold]{plan.status}[/bold]  objective (max f) {fmt(plan.objective)} s  "
+        f"status [bold]{status}[/bold]  objective (max f) {fmt(plan.objective)} s  "
         f"lower bound {fmt(lb)} s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
+    if claim is not None:
+        con.print(
+            f"claimed by the file: status {esc(claim['claimed_status'] or '-')}, lower bound "
+            f"{fmt(claim['claimed_lower_bound'])} s: {esc(claim['claim'])}"
+        )
     con.print(
         f"throughput {fmt(plan.evaluation.throughput)} requests/s  latency "
         f"{fmt(plan.evaluation.latency)} s  solve time {plan.wall_seconds:.2f} s"
@@ -116,12 +155,12 @@ def _print_plan(plan, violations=(), title: str = "plan") -> None:
     t = Table()
     for col in ("block", "nodes", "work", "io in", "io out", "overflow", "f(S)", "params", "peak"):
         t.add_column(col, justify="right", no_wrap=True)
-    from solver.units import format_bytes, format_time
-
-    for row in plan.evaluation.blocks():
-        mark = " *" if row["block"] == plan.evaluation.bottleneck else ""
+    for label, row in _block_rows(plan):
+        if row is None:
+            t.add_row(label, "0", *["-"] * 7, style="dim")
+            continue
         t.add_row(
-            f"{row['block']}{mark}",
+            label,
             str(row["nodes"]),
             format_time(row["work"]),
             format_time(row["io_in"]),
@@ -132,63 +171,126 @@ def _print_plan(plan, violations=(), title: str = "plan") -> None:
             format_bytes(row["peak_bytes"]),
         )
     con.print(t)
-    con.print("(* = bottleneck block)")
+    con.print("(* = bottleneck block; a..b = empty blocks)")
     for v in violations:
-        con.print(f"[red]invalid:[/red] {v}")
+        con.print(f"[red]invalid:[/red] {esc(v)}")
+
+
+def check_claim(plan, data: dict, recorded_cluster) -> dict:
+    """Compare what a plan file claims (status, lower bound, objective) with the recomputed
+    numbers. The claim is "consistent" or says why not; it is ``used`` for the status only
+    when consistent, made for this cluster, and its bound proves that status."""
+    from solver.plan import OPTIMAL, OPTIMALITY_TOL, bound_exceeds, optimal_within
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    status, bound, obj = data.get("status"), data.get("lower_bound"), data.get("objective")
+    res = data.get("optimal_within")
+    res = float(res) if number(res) else 0.0
+    out = {
+        "claimed_status": status[:40] if isinstance(status, str) else None,
+        "claimed_lower_bound": float(bound) if number(bound) else None,
+        "claimed_objective": float(obj) if number(obj) else None,
+        "claimed_optimal_within": res or None,
+        "claim": "consistent",
+        "used": False,
+    }
+    why = None
+    if status is None and bound is None:
+        out["claim"] = "none (the file states no status or bound)"
+        return out
+    if recorded_cluster is None or recorded_cluster != plan.cluster:
+        why = "not applicable: evaluated on another cluster than the plan was made for"
+    elif bound is not None and not number(bound):
+        why = f"invalid: the lower bound {str(bound)[:40]!r} is not a finite number"
+    elif obj is not None and not number(obj):
+        why = f"invalid: the objective {str(obj)[:40]!r} is not a finite number"
+    elif number(obj) and abs(obj - plan.objective) > 1e-9 * abs(plan.objective) + 1e-12:
+        why = f"invalid: the file's objective {obj:.10g} differs from the recomputed one"
+    elif number(bound) and bound_exceeds(float(bound), plan.objective):
+        why = f"invalid: the lower bound {bound:.10g} exceeds the objective {plan.objective:.10g}"
+    elif status == OPTIMAL and (
+        not number(bound)
+        or (
+            plan.objective - bound > OPTIMALITY_TOL * plan.objective
+            and not optimal_within(plan.objective, float(bound), res)
+        )
+    ):
+        why = "invalid: OPTIMAL without a lower bound within 1e-6 of the objective"
+    if why is not None:
+        out["claim"] = why
+        return out
+    out["used"] = out["claimed_status"] == OPTIMAL
+    return out
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from solver.cost import validate
-    from solver.plan import FEASIBLE, make_plan
+    from solver.cluster import cluster_from_dict
+    from solver.cost import lower_bound, validate
+    from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
 
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
     violations = validate(g, cluster, a)
+    method = data.get("method") if isinstance(data.get("method"), str) else "given"
     plan = make_plan(
-        g,
-        cluster,
-        a,
-        data.get("method", "given"),
-        status=FEASIBLE,
-        check=False,
-        lower_bound=data.get("lower_bound"),
+        g, cluster, a, method, status=FEASIBLE, check=False, lower_bound=lower_bound(g, cluster)
     )
+    recorded = None
+    if isinstance(data.get("cluster"), dict):
+        try:
+            recorded = cluster_from_dict(data["cluster"], "recorded cluster")
+        except MtppError:
+            recorded = None
+    claim = check_claim(plan, data, recorded)
     if violations:
-        plan.status = "INVALID"
+        plan.status = INVALID
+        claim["used"] = False
+    elif claim["used"]:
+        plan.status = OPTIMAL
+    bad_claim = claim["claim"].startswith("invalid")
     if args.json:
         out = plan.to_dict()
         out["valid"] = not violations
         out["violations"] = [{"kind": v.kind, "message": v.message} for v in violations]
+        out["status_source"] = "claimed" if claim["used"] else "recomputed"
+        out.update({key: val for key, val in claim.items() if key != "used"})
+        out["method"] = method[:200]
         del out["assignment"]
         print_json(out)
     else:
-        _print_plan(plan, violations, title="evaluation")
-    return 0 if not violations else 1
+        _print_plan(plan, violations, title="evaluation", claim=claim)
+    return 1 if violations or bad_claim else 0
+
+
+def parse_set(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` pairs: VALUE is read as JSON when it parses (numbers, true, objects),
+    else kept as a string; keys and types are checked per method by :func:`solve`."""
+    extra: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MtppError(f"--set {item[:80]!r}: write KEY=VALUE, e.g. --set population=50")
+        try:
+            extra[key] = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            extra[key] = value
+    return extra
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from solver.methods import SolveOptions, solve
+    from solver.methods import SolveOptions, check_method_options, check_solve_options, solve
     from solver.plan import save_plan
 
-    if args.time_limit <= 0:
-        raise MtppError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
-    if args.gap < 0:
-        raise MtppError(f"--gap must be >= 0, got {args.gap}")
-    if args.workers < 0:
-        raise MtppError(f"--workers must be >= 0, got {args.workers}")
-    g, cluster = load_graph_and_cluster(args)
-    extra: dict = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise MtppError(f"--set {item!r}: write KEY=VALUE, e.g. --set population=50")
-        try:
-            extra[key] = json.loads(value)
-        except json.JSONDecodeError:
-            extra[key] = value
+    extra = parse_set(args.set)
     if args.optimal_perf:
+        if args.method != "poprt":
+            raise MtppError(f"--optimal-perf applies to --method poprt, not {args.method}")
         extra["optimal_perf"] = True
     if args.sharding:
+        if args.method != "manual":
+            raise MtppError(f"--sharding applies to --method manual, not {args.method}")
         extra["sharding"] = args.sharding
     opts = SolveOptions(
         time_limit=args.time_limit,
@@ -198,6 +300,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
         progress=not args.quiet and not args.json,
         extra=extra,
     )
+    check_solve_options(opts)  # before loading a big graph
+    check_method_options(args.method, extra)
+    if args.out:
+        from solver.files import check_output_file
+
+        inputs = [args.graph] + ([args.sharding] if args.sharding else [])
+        check_output_file(args.out, inputs, "--out")
+    g, cluster = load_graph_and_cluster(args)
     plan = solve(g, cluster, args.method, opts)
     if plan is None:
         raise MtppError(infeasible_message(g, cluster))
@@ -214,9 +324,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         if plan.method == "poprt":
             from solver.heuristics.poprt import format_sharding
 
-            console().print(format_sharding(plan.stats.get("sharding_nodes", {})))
+            console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
         if args.out:
-            console().print(f"plan written to {args.out}")
+            console().print(f"plan written to {esc(args.out)}")
     return 0
 
 

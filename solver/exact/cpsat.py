@@ -21,7 +21,11 @@ Integers: every time is multiplied by a scale S (the largest with every coeffici
 and the total cost below 1e12) and rounded DOWN, so
 for every plan the integer block cost is at most S times the real one. CP-SAT's proven bound
 divided by S is therefore a valid lower bound of the real problem, with no correction; the gap
-it leaves is at most (terms per block) / S, far below the 1e-6 optimality tolerance. Plans cut
+it leaves is at most (terms per block) / S, usually far below the 1e-6 optimality tolerance.
+When it is not (S is capped by 2^30 / the largest coefficient, e.g. M / B_mem on LLM-sized
+graphs), a CP-SAT proof still shows: the plan is reported OPTIMAL "within the resolution"
+(terms per block) / S, stated in ``stats["optimal_within"]``, provided objective - bound is
+at most that and that is at most 0.1% of the objective; otherwise FEASIBLE with the gap. Plans cut
 off by ``T <= UB`` have an integer cost above UB >= the bound, so the bound stays valid for them.
 The reported objective is always re-evaluated in floating point by :mod:`solver.cost`.
 """
@@ -47,6 +51,7 @@ TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
 # (solve_cpsat): OR-Tools 9.15 keeps activities in a 32-bit int there and then proves wrong
 # optima (google/or-tools#5293; tests/test_exact.py keeps a 7-node case that showed it).
 MAX_COEF = 2**30
+BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
 
 
 @dataclass
@@ -60,23 +65,69 @@ class CpsatOptions:
     params: dict = field(default_factory=dict)  # extra CP-SAT parameters
 
 
-class _Model:
-    """The CP-SAT model of one coarse graph, with its variables kept for hints and reading."""
+class _BuildTimeout(Exception):
+    """The time limit passed while the model was being built."""
 
-    def __init__(self, g: Graph, cluster: Cluster, upper: np.ndarray | None):
+
+CLOSURE_MAX_NODES = 20_000  # ancestor bitsets take n^2 / 16 bytes: skip the narrowing above
+CLOCK_EVERY = 1024  # nodes or tensors between two looks at the clock while building
+
+
+class _Model:
+    """The CP-SAT model of one coarse graph, with its variables kept for hints and reading.
+
+    Built in named steps, one per constraint family, in the order the CP-SAT samples use:
+    scale, domains, variables, order, io, memory, objective, cuts, symmetry. Every step checks
+    the clock and raises :class:`_BuildTimeout` past ``deadline``.
+    """
+
+    def __init__(
+        self, g: Graph, cluster: Cluster, upper: np.ndarray | None, deadline: float = math.inf
+    ):
         self.g, self.cluster = g, cluster
-        k = self.k = cluster.devices
-        n = g.n
+        self.k = cluster.devices
+        self.deadline = deadline
+        self.m = cp_model.CpModel()
+        self._choose_scale()
+        self._narrow_domains(upper)
+        self._add_variables()
+        self._add_order()
+        self._add_io()
+        self._add_memory()
+        self._add_objective()
+        self._add_cuts()
+        self._add_symmetry()
+        self.m.Minimize(self.T)
+        self.resolution = self._rounding_error() / self.S
+
+    def _rounding_error(self) -> int:
+        """Integer units by which rounding down can make a block's modelled cost lower than S
+        times its real cost, at worst: under one unit per rounded term (work, io, and for the
+        overflow each parameter, the peak, and M rounded up)."""
+        per_block = np.bincount([b for _, b in self.use], minlength=self.k)
+        worst = 0
+        for b in range(self.k):
+            err = len(self.terms[b])
+            if self.use_over:
+                err += int(per_block[b]) + 2
+            worst = max(worst, err)
+        return worst
+
+    def _tick(self, i: int = 0) -> None:
+        """Raise :class:`_BuildTimeout` when the deadline passed (looks every CLOCK_EVERY)."""
+        if i % CLOCK_EVERY == 0 and time.perf_counter() > self.deadline:
+            raise _BuildTimeout
+
+    def _choose_scale(self) -> None:
+        """Which memory terms can matter, the time scale S and the memory unit (round down:
+        integer costs never exceed S * real costs, so the proven bound stays valid)."""
+        g, cluster, k = self.g, self.cluster, self.k
         B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
         cap = cluster.capacity
-
-        # ---- which memory terms can matter at all
         mem_total = g.param_bytes_total + float(g.act.max())
         self.use_cap = cap is not None and mem_total > cap
         self.use_over = math.isfinite(M) and mem_total > M
         self.use_mem = self.use_cap or self.use_over
-
-        # ---- integer scaling (round down: integer costs never exceed S * real costs)
         io = g.t_size / B
         total = float(g.work.sum() + 2 * io.sum())
         biggest = float(max(g.work.max(), io.max(initial=0.0)))
@@ -93,36 +144,45 @@ class _Model:
         self.w_int = np.floor(g.work * S).astype(np.int64)
         self.io_int = np.floor(io * S).astype(np.int64)
 
-        m = self.m = cp_model.CpModel()
-        # ---- upper bound from the hint, and node domains it implies
-        ub_int = None
+    def _narrow_domains(self, upper: np.ndarray | None) -> None:
+        """Blocks each node can take in a plan no worse than ``upper``: the hint's integer cost
+        bounds the work before and after every node; order edges then propagate lo and hi."""
+        g, k, n = self.g, self.k, self.g.n
+        self.ub_int = None
         lo = np.zeros(n, dtype=np.int64)
         hi = np.full(n, k - 1, dtype=np.int64)
         if upper is not None:
-            ub_int = int(self.block_costs_int(upper).max())
-            if ub_int > 0:
+            self.ub_int = ub_int = int(self.block_costs_int(upper).max())
+            if ub_int > 0 and n <= CLOSURE_MAX_NODES:
                 anc, desc = _closure_work(g, self.w_int)
                 lo = np.maximum(0, -(-(anc + self.w_int) // ub_int) - 1)
                 hi = np.minimum(k - 1, k - (-(-(desc + self.w_int) // ub_int)))
+        self._tick()
         # an order edge (u, v) needs block(u) <= block(v): propagate the bounds along edges
-        for v in g.topo_order.tolist():
-            ptr, idx = g.pred
+        ptr, idx = g.pred
+        for i, v in enumerate(g.topo_order.tolist()):
+            self._tick(i)
             for u in idx[ptr[v] : ptr[v + 1]].tolist():
                 lo[v] = max(lo[v], lo[u])
-        for u in g.topo_order[::-1].tolist():
-            ptr, idx = g.succ
+        ptr, idx = g.succ
+        for i, u in enumerate(g.topo_order[::-1].tolist()):
+            self._tick(i)
             for v in idx[ptr[u] : ptr[u + 1]].tolist():
                 hi[u] = min(hi[u], hi[v])
         if np.any(lo > hi):  # cannot happen with a valid hint; keep the model sound anyway
             lo = np.minimum(lo, hi)
         self.lo, self.hi = lo, hi
 
-        # ---- block variables in order encoding
-        TRUE = m.NewConstant(1)
-        FALSE = m.NewConstant(0)
-        self.le = le = [[None] * k for _ in range(n)]
-        self.x = x = [[None] * k for _ in range(n)]
-        for v in range(n):
+    def _add_variables(self) -> None:
+        """Block of every node in order encoding: le[v][b] = [block(v) <= b], monotone in b,
+        and x[v][b] = le[v][b] - le[v][b-1]; constants outside the node's domain."""
+        m, k, lo, hi = self.m, self.k, self.lo, self.hi
+        self.TRUE = TRUE = m.NewConstant(1)
+        self.FALSE = FALSE = m.NewConstant(0)
+        self.le = le = [[None] * k for _ in range(self.g.n)]
+        self.x = x = [[None] * k for _ in range(self.g.n)]
+        for v in range(self.g.n):
+            self._tick(v)
             for b in range(k):
                 if b < lo[v]:
                     le[v][b] = FALSE
@@ -143,25 +203,30 @@ class _Model:
                     prev = le[v][b - 1] if b >= 1 else FALSE
                     m.Add(xv == le[v][b] - prev)
                     x[v][b] = xv
-        self.TRUE, self.FALSE = TRUE, FALSE
 
-        # ---- order edges: block(u) <= block(v)
-        # (lo[u] <= lo[v] and hi[u] <= hi[v] after propagation: outside [lo[v], hi[u]) the
-        # implication holds by the constants)
-        for u, v in zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True):
+    def _add_order(self) -> None:
+        """Order edges block(u) <= block(v) as le[v][b] => le[u][b]. After propagation
+        lo[u] <= lo[v] and hi[u] <= hi[v]: outside [lo[v], hi[u]) the constants imply it."""
+        g, le, lo, hi = self.g, self.le, self.lo, self.hi
+        for i, (u, v) in enumerate(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True)):
+            self._tick(i)
             for b in range(lo[v], hi[u]):
-                m.AddImplication(le[v][b], le[u][b])
+                self.m.AddImplication(le[v][b], le[u][b])
 
+    def _add_io(self) -> None:
+        """Work and io terms of every block: o[t,b] (tensor t sent by b) and i[t,b] (received
+        by b), linearised per consumer, with the stronger forms along order edges."""
+        g, m, x, le, lo, hi = self.g, self.m, self.x, self.le, self.lo, self.hi
         ordered = set(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
-        # ---- io terms per block
-        self.terms = [[] for _ in range(k)]  # (coef, var) per block
-        for v in range(n):
+        self.terms = [[] for _ in range(self.k)]  # (coef, var) per block
+        for v in range(g.n):
             for b in range(lo[v], hi[v] + 1):
                 if self.w_int[v]:
                     self.terms[b].append((int(self.w_int[v]), x[v][b]))
         self.send: dict[tuple[int, int], object] = {}
         self.recv: dict[tuple[int, int], object] = {}
         for t in range(g.num_tensors):
+            self._tick(t)
             c_io = int(self.io_int[t])
             if c_io == 0:
                 continue
@@ -192,78 +257,93 @@ class _Model:
                 self.recv[t, b] = ib
                 self.terms[b].append((c_io, ib))
 
-        # ---- memory: parameters, peak, capacity, overflow
+    def _add_memory(self) -> None:
+        """Parameters used per block, the peak working set, the hard capacity and the overflow
+        ov[b] >= (params + peak - M) / B_mem (only the terms that can matter)."""
+        g, m, k, x, lo, hi = self.g, self.m, self.k, self.x, self.lo, self.hi
         self.use: dict[tuple[int, int], object] = {}
         self.peak_b: list = [None] * k
         self.peak_t: list = [None] * k
         self.ov: list = [None] * k
         self.ov_hi: list[int] = []
-        if self.use_mem:
-            p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
-            act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
-            for q in range(g.num_params):
-                users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
-                for b in sorted({b for u in users for b in range(lo[u], hi[u] + 1)}):
-                    uq = m.NewBoolVar(f"use_{q}_{b}")
-                    for u in users:
-                        if lo[u] <= b <= hi[u]:
-                            m.AddImplication(x[u][b], uq)
-                    self.use[q, b] = uq
-            for b in range(k):
-                members = [v for v in range(n) if lo[v] <= b <= hi[v]]
-                pk = m.NewIntVar(0, int(act_b.max()), f"peak_{b}")
+        if not self.use_mem:
+            return
+        cap, M = self.cluster.capacity, self.cluster.fast_memory
+        p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
+        act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
+        for q in range(g.num_params):
+            self._tick(q)
+            users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
+            for b in sorted({b for u in users for b in range(lo[u], hi[u] + 1)}):
+                uq = m.NewBoolVar(f"use_{q}_{b}")
+                for u in users:
+                    if lo[u] <= b <= hi[u]:
+                        m.AddImplication(x[u][b], uq)
+                self.use[q, b] = uq
+        for b in range(k):
+            self._tick()
+            members = [v for v in range(g.n) if lo[v] <= b <= hi[v]]
+            pk = m.NewIntVar(0, int(act_b.max()), f"peak_{b}")
+            for v in members:
+                if act_b[v] > 0:
+                    m.Add(pk >= int(act_b[v]) * x[v][b])
+            self.peak_b[b] = pk
+            pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
+            if self.use_cap:
+                m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
+            if self.use_over:
+                f = self.S / self.cluster.slow_memory_bandwidth
+                act_t = np.floor(g.act * f).astype(np.int64)
+                pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
                 for v in members:
-                    if act_b[v] > 0:
-                        m.Add(pk >= int(act_b[v]) * x[v][b])
-                self.peak_b[b] = pk
-                pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
-                if self.use_cap:
-                    m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
-                if self.use_over:
-                    f = S / Bm
-                    act_t = np.floor(g.act * f).astype(np.int64)
-                    pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
-                    for v in members:
-                        if act_t[v] > 0:
-                            m.Add(pt >= int(act_t[v]) * x[v][b])
-                    self.peak_t[b] = pt
-                    coef = np.floor(g.p_size * f).astype(np.int64)
-                    hi_ov = int(coef.sum() + act_t.max())
-                    ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
-                    self.ov_hi.append(hi_ov)
-                    over_terms = [
-                        (int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b
-                    ]
-                    m.Add(ov >= _wsum(over_terms) + pt - int(math.ceil(M * f)))
-                    self.ov[b] = ov
-                    self.terms[b].append((1, ov))
+                    if act_t[v] > 0:
+                        m.Add(pt >= int(act_t[v]) * x[v][b])
+                self.peak_t[b] = pt
+                coef = np.floor(g.p_size * f).astype(np.int64)
+                hi_ov = int(coef.sum() + act_t.max())
+                ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
+                self.ov_hi.append(hi_ov)
+                over_terms = [(int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b]
+                m.Add(ov >= _wsum(over_terms) + pt - int(math.ceil(M * f)))
+                self.ov[b] = ov
+                self.terms[b].append((1, ov))
 
-        # ---- objective
+    def _add_objective(self) -> None:
+        """T >= f(b) for every block, S * (universal bound) <= T <= the hint's cost."""
+        m = self.m
         max_f = int(self.w_int.sum() + 2 * self.io_int.sum())
         max_f += sum(self.ov_hi)
         self.T = T = m.NewIntVar(0, max(1, max_f), "T")
-        for b in range(k):
+        for b in range(self.k):
             m.Add(_wsum(self.terms[b]) <= T)
         # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
         # (clamped to the hint's integer cost, which rounding can put a few units lower)
-        lb_int = int(math.floor(lower_bound(g, cluster) * S * (1 - 1e-12)))
-        if ub_int is not None:
-            lb_int = min(lb_int, ub_int)
+        lb_int = int(math.floor(lower_bound(self.g, self.cluster) * self.S * (1 - 1e-12)))
+        if self.ub_int is not None:
+            lb_int = min(lb_int, self.ub_int)
         if lb_int > 0:
             m.Add(lb_int <= T)
-        if ub_int is not None:
-            m.Add(ub_int >= T)
-        # redundant cuts: prefix and suffix work
+        if self.ub_int is not None:
+            m.Add(self.ub_int >= T)
+
+    def _add_cuts(self) -> None:
+        """Redundant cuts: the work of blocks 0..b is at most (b+1) T, of b+1..k-1 (k-1-b) T."""
+        m, k, T, le = self.m, self.k, self.T, self.le
         for b in range(k - 1):
-            pre = [(int(self.w_int[v]), le[v][b]) for v in range(n) if self.w_int[v]]
+            self._tick()
+            pre = [(int(self.w_int[v]), le[v][b]) for v in range(self.g.n) if self.w_int[v]]
             total_w = sum(c for c, _ in pre)
             m.Add(_wsum(pre) <= (b + 1) * T)
-            m.Add(total_w - _wsum(pre) <= (k - 1 - b) * T)  # the work of blocks b+1..k-1
-        # symmetry: empty blocks at the end
+            m.Add(total_w - _wsum(pre) <= (k - 1 - b) * T)
+
+    def _add_symmetry(self) -> None:
+        """Symmetry breaking: used[b] = block b is non-empty; empty blocks come last."""
+        m, k, x, lo, hi = self.m, self.k, self.x, self.lo, self.hi
         self.used = []
         for b in range(k):
+            self._tick()
             ub = m.NewBoolVar(f"used_{b}")
-            members = [x[v][b] for v in range(n) if lo[v] <= b <= hi[v]]
+            members = [x[v][b] for v in range(self.g.n) if lo[v] <= b <= hi[v]]
             if members:
                 m.AddMaxEquality(ub, members)
             else:
@@ -271,7 +351,6 @@ class _Model:
             self.used.append(ub)
         for b in range(k - 1):
             m.AddImplication(self.used[b + 1], self.used[b])
-        m.Minimize(T)
 
     # ------------------------------------------------------------------ helpers
     def block_costs_int(self, a: np.ndarray) -> np.ndarray:
@@ -411,7 +490,11 @@ def solve_cpsat(
         # compact used blocks to 0..j-1 (the model puts empty blocks last)
         used = np.unique(chint)
         chint = np.searchsorted(used, chint)
-    model = _Model(cg, cluster, chint)
+    try:
+        # the build may take most of the limit; CP-SAT then gets what is left (below)
+        model = _Model(cg, cluster, chint, deadline=t0 + BUILD_SHARE * opts.time_limit)
+    except _BuildTimeout:
+        return _timed_out(g, cluster, hint, opts, t0, cg.n)
     if chint is not None:
         model.add_hint(chint)
     build_s = time.perf_counter() - t0
@@ -458,11 +541,8 @@ def solve_cpsat(
                 "plan fits either; raise --time-limit"
             )
         a = hint
-        # the bound CP-SAT proved before the time ran out is valid whatever the status
-        bound = solver.BestObjectiveBound() / model.S
     else:
         a = model.read(solver)[labels]
-        bound = solver.BestObjectiveBound() / model.S
         # memory is modelled in rounded-down units and costs in rounded-down integers: keep
         # the hint when the model's plan breaks the real capacity or is not really better
         if hint is not None:
@@ -470,15 +550,61 @@ def solve_cpsat(
             if worse or validate(g, cluster, a):
                 a = hint
                 stats["kept_hint"] = True
-    lb = lower_bound(g, cluster)
-    if bound is not None:
-        lb = max(lb, bound)
+    # the bound CP-SAT proved (whatever the status: also when the time ran out) in integer
+    # units; divided by the scale it bounds the real problem (every cost rounded down)
+    bound_int = solver.BestObjectiveBound()
+    stats["cpsat_bound_int"] = bound_int
+    stats["cpsat_lower_bound"] = bound_int / model.S
+    lb = max(lower_bound(g, cluster), bound_int / model.S)
+    stats["resolution"] = model.resolution
+    # CP-SAT's proof covers the rounded model: its plan is optimal within the rounding error
+    proven = status == cp_model.OPTIMAL
     plan = make_plan(
-        g, cluster, a, "cpsat", lower_bound=lb, status=OPTIMAL, wall_seconds=wall, stats=stats
+        g,
+        cluster,
+        a,
+        "cpsat",
+        lower_bound=lb,
+        status=OPTIMAL,
+        wall_seconds=wall,
+        stats=stats,
+        resolution=model.resolution if proven else 0.0,
     )
     if plan.status != OPTIMAL:
         plan.status = FEASIBLE
     return plan
+
+
+def _timed_out(
+    g: Graph,
+    cluster: Cluster,
+    hint: np.ndarray | None,
+    opts: CpsatOptions,
+    t0: float,
+    coarse_nodes: int,
+) -> Plan:
+    """The warm-start plan with the universal bound, when the limit passed during the build."""
+    if hint is None:
+        raise MtppError(
+            f"no plan found within the time limit ({opts.time_limit:g} s): building the CP-SAT "
+            "model took it all and no heuristic plan fits; raise --time-limit"
+        )
+    stats = {
+        "cpsat_status": "NOT_SOLVED",
+        "note": "the time limit passed while building the CP-SAT model: warm-start plan",
+        "coarse_nodes": coarse_nodes,
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    return make_plan(
+        g,
+        cluster,
+        hint,
+        "cpsat",
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=time.perf_counter() - t0,
+        stats=stats,
+    )
 
 
 def _check_single_fits(g: Graph, cg: Graph, labels: np.ndarray, cluster: Cluster) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from solver.cluster import Cluster
 from solver.graph import Graph
 from solver.heuristics.orders import priority_order
-from solver.heuristics.slicing import slice_order
+from solver.heuristics.slicing import SliceTimeout, slice_order
 
 
 @dataclass
@@ -43,10 +43,13 @@ def brkga(
     """Best (bottleneck, assignment) over the decoded orders, and search statistics.
 
     ``seeds`` are orders to inject into the first population (as keys = their positions);
-    ``on_improve(best, elapsed)`` is called whenever the best slicing improves.
+    ``on_improve(best, elapsed)`` is called whenever the best slicing improves. The search
+    stops at ``opts.time_limit`` (also in the middle of a decode) and returns its best so far.
     """
     rng = np.random.default_rng(opts.seed)
     t0 = time.perf_counter()
+    deadline = t0 + opts.time_limit
+    timed_out = False
     P = max(2, opts.population)
     n_el = max(1, int(round(opts.elite * P)))
     n_mu = max(0, min(P - n_el, int(round(opts.mutants * P))))
@@ -59,13 +62,19 @@ def brkga(
     decodes = 0
 
     def decode(keys: np.ndarray) -> float:
-        nonlocal best_val, best_a, decodes
+        nonlocal best_val, best_a, decodes, timed_out
         elapsed = time.perf_counter() - t0
-        if decodes >= 1 and elapsed * (decodes + 1) / decodes > opts.time_limit:
+        if timed_out or (decodes >= 1 and elapsed * (decodes + 1) / decodes > opts.time_limit):
             return math.inf  # another decode would overrun: leave the rest unevaluated
         decodes += 1
         upper = 2 * best_val if math.isfinite(best_val) else math.inf
-        val, a = slice_order(g, cluster, priority_order(g, keys), upper=upper)
+        try:
+            val, a = slice_order(
+                g, cluster, priority_order(g, keys), upper=upper, deadline=deadline
+            )
+        except SliceTimeout:
+            timed_out = True
+            return math.inf
         if a is not None and val < best_val:
             best_val, best_a = val, a
             if on_improve is not None:
@@ -73,10 +82,11 @@ def brkga(
         return val
 
     fit = np.array([decode(ind) for ind in pop])
-    gen = 0
-    for gen in range(1, opts.generations + 1):  # noqa: B007
-        if time.perf_counter() - t0 > opts.time_limit:
+    done = 0  # generations started before the time limit
+    for gen in range(1, opts.generations + 1):
+        if timed_out or time.perf_counter() - t0 > opts.time_limit:
             break
+        done = gen
         rank = np.argsort(fit, kind="stable")
         elite, rest = pop[rank[:n_el]], pop[rank[n_el:]]
         n_x = P - n_el - n_mu
@@ -95,5 +105,10 @@ def brkga(
     return (
         best_val,
         best_a,
-        {"decodes": decodes, "generations": gen, "seconds": round(time.perf_counter() - t0, 3)},
+        {
+            "decodes": decodes,
+            "generations": done,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "time_limit_reached": timed_out,
+        },
     )

@@ -23,8 +23,22 @@ from solver.errors import MtppError
 from solver.graph import Graph
 
 
-def enumerate_ideals(g: Graph, max_ideals: int) -> np.ndarray:
-    """All ideals as a bool matrix (rows), sorted by size; raises past ``max_ideals``."""
+class IdealTimeout(MtppError):
+    """The time limit passed before the DP finished (callers may fall back to a heuristic)."""
+
+
+def too_many_ideals(max_ideals: int) -> MtppError:
+    return MtppError(
+        f"idealdp: the graph has more than {max_ideals:,} ideals (down-sets); the exact DP "
+        "would not finish. Use --method cpsat, or raise the cap with max_ideals"
+    )
+
+
+def enumerate_ideals(g: Graph, max_ideals: int, deadline: float = math.inf) -> np.ndarray:
+    """All ideals as a bool matrix (rows), sorted by size; raises past ``max_ideals`` or
+    ``deadline`` (``time.perf_counter()``)."""
+    if g.n + 1 > max_ideals:  # every DAG of n nodes has at least n + 1 ideals (a chain)
+        raise too_many_ideals(max_ideals)
     pred_mask = [0] * g.n
     ptr, idx = g.pred
     for v in range(g.n):
@@ -35,6 +49,11 @@ def enumerate_ideals(g: Graph, max_ideals: int) -> np.ndarray:
     while frontier:
         nxt = []
         for ideal in frontier:
+            if time.perf_counter() > deadline:
+                raise IdealTimeout(
+                    f"idealdp: time limit reached while enumerating ideals ({len(seen):,} so "
+                    "far); use --method cpsat or raise --time-limit"
+                )
             for v in range(g.n):
                 bit = 1 << v
                 if not ideal & bit and pred_mask[v] & ~ideal == 0:
@@ -43,11 +62,7 @@ def enumerate_ideals(g: Graph, max_ideals: int) -> np.ndarray:
                         seen.add(new)
                         nxt.append(new)
                         if len(seen) > max_ideals:
-                            raise MtppError(
-                                f"idealdp: the graph has more than {max_ideals:,} ideals (down-"
-                                "sets); the exact DP would not finish. Use --method cpsat, or "
-                                "raise the cap with max_ideals"
-                            )
+                            raise too_many_ideals(max_ideals)
         frontier = nxt
     ideals = sorted(seen, key=lambda x: (bin(x).count("1"), x))
     mat = np.zeros((len(ideals), g.n), dtype=bool)
@@ -109,7 +124,7 @@ def ideal_dp(
     """
     t0 = time.perf_counter()
     k = cluster.devices
-    ideals = enumerate_ideals(g, max_ideals)
+    ideals = enumerate_ideals(g, max_ideals, deadline=t0 + time_limit)
     N = len(ideals)
     packed = np.packbits(ideals, axis=1)
     work = ideals @ g.work
@@ -120,7 +135,7 @@ def ideal_dp(
     dp[0, 0] = 0.0
     for r in range(1, N):
         if time.perf_counter() - t0 > time_limit:
-            raise MtppError(f"idealdp: time limit reached after {r:,} of {N:,} ideals")
+            raise IdealTimeout(f"idealdp: time limit reached after {r:,} of {N:,} ideals")
         cand = np.flatnonzero(
             ~np.any(packed[:r] & ~packed[r], axis=1) & (work[r] - work[:r] <= lim)
         )

@@ -58,7 +58,10 @@ class Subgraphs:
     of_node: np.ndarray  # subgraph index of every node
     parents: list[set[int]] = field(default_factory=list)
     children: list[set[int]] = field(default_factory=list)
-    ancestors: list[set[int]] = field(default_factory=list)
+    # ancestors and descendants as bitsets (Python ints: bit t set = subgraph t); sets of
+    # ints took gigabytes on 100,000-node graphs
+    ancestors: list[int] = field(default_factory=list)
+    descendants: list[int] = field(default_factory=list)
 
 
 def candidate_nodes(g: Graph) -> list[int]:
@@ -91,12 +94,20 @@ def _walk(g: Graph, start: int, claimed: np.ndarray, label: int) -> list[int]:
     return out
 
 
-def _costs(g: Graph, members: list[int]) -> tuple[float, float]:
-    sel = np.zeros(g.n, dtype=bool)
-    sel[members] = True
-    used = np.unique(g.pair_param[sel[g.p_users]]) if g.num_params else np.zeros(0, int)
-    weight = float(g.p_size[used].sum())
-    flops = float((g.flops if g.flops is not None else g.work)[members].sum())
+def _label_costs(g: Graph, labels: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter bytes and FLOPs of the node sets ``labels == j`` for j < L (-1: no set), all
+    at once: a weight counts once per set that uses it."""
+    keep = labels >= 0
+    flops_of = g.flops if g.flops is not None else g.work
+    flops = np.bincount(labels[keep], weights=flops_of[keep], minlength=L)
+    weight = np.zeros(L)
+    if g.num_params:
+        lab = labels[g.p_users]
+        ok = lab >= 0
+        keys = np.unique(lab[ok] * g.num_params + g.pair_param[ok])
+        weight = np.bincount(
+            keys // g.num_params, weights=g.p_size[keys % g.num_params], minlength=L
+        )
     return weight, flops
 
 
@@ -105,15 +116,12 @@ def build_subgraphs(g: Graph) -> Subgraphs:
     cands = candidate_nodes(g)
     claimed = np.full(g.n, -1, dtype=np.int64)
     first = [(c, _walk(g, c, claimed, j)) for j, c in enumerate(cands)]
-    costs = [_costs(g, m) for _, m in first if m]
-    avg_b = float(np.mean([c[0] for c in costs])) if costs else 0.0
-    avg_f = float(np.mean([c[1] for c in costs])) if costs else 0.0
-    accepted = []
-    for c, m in first:
-        if m:
-            b, f = _costs(g, m)
-            if b >= avg_b and f >= avg_f:  # below either average: merged into the next one
-                accepted.append(c)
+    w1, f1 = _label_costs(g, claimed, len(cands))
+    nonempty = np.array([bool(m) for _, m in first], dtype=bool)
+    avg_b = float(w1[nonempty].mean()) if nonempty.any() else 0.0
+    avg_f = float(f1[nonempty].mean()) if nonempty.any() else 0.0
+    # below either average: merged into the next one
+    accepted = [c for j, (c, m) in enumerate(first) if m and w1[j] >= avg_b and f1[j] >= avg_f]
     claimed[:] = -1
     nodes, cand = [], []
     for c in accepted:
@@ -126,10 +134,8 @@ def build_subgraphs(g: Graph) -> Subgraphs:
         claimed[rest] = len(nodes)
         nodes.append(rest)
         cand.append(None)
-    costs = [_costs(g, list(m)) for m in nodes]
-    sg = Subgraphs(
-        nodes, cand, np.array([c[0] for c in costs]), np.array([c[1] for c in costs]), claimed
-    )
+    weight, flops = _label_costs(g, claimed, len(nodes))
+    sg = Subgraphs(nodes, cand, weight, flops, claimed)
     S = len(nodes)
     sg.parents = [set() for _ in range(S)]
     sg.children = [set() for _ in range(S)]
@@ -138,11 +144,20 @@ def build_subgraphs(g: Graph) -> Subgraphs:
         if x != y:
             sg.parents[y].add(x)
             sg.children[x].add(y)
-    sg.ancestors = [set() for _ in range(S)]
+    sg.ancestors = [0] * S
     for s in range(S):  # subgraph list order is topological (each walk claims its ancestors)
         for p in sg.parents[s]:
-            sg.ancestors[s] |= sg.ancestors[p] | {p}
+            sg.ancestors[s] |= sg.ancestors[p] | (1 << p)
+    sg.descendants = [0] * S
+    for s in range(S - 1, -1, -1):
+        for c in sg.children[s]:
+            sg.descendants[s] |= sg.descendants[c] | (1 << c)
     return sg
+
+
+def _bitset(mask: np.ndarray) -> int:
+    """A bool array as a Python-int bitset (bit i = mask[i])."""
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 def first_split(sg: Subgraphs, k: int) -> tuple[int, ...]:
@@ -168,6 +183,9 @@ class _Search:
         self.limit = cluster.capacity if cluster.capacity is not None else cluster.fast_memory
         self.t0 = time.perf_counter()
 
+    def out_of_time(self) -> bool:
+        return time.perf_counter() - self.t0 > self.opts.time_limit
+
     def assignment(self, grouping: tuple[int, ...]) -> np.ndarray:
         return np.asarray(grouping, dtype=np.int64)[self.sg.of_node]
 
@@ -186,16 +204,20 @@ class _Search:
         """One move per boundary subgraph of group ``src``, to its least loaded allowed target."""
         sg = self.sg
         members = [s for s, gr in enumerate(grouping) if gr == src]
+        garr = np.asarray(grouping)
+        in_group = {gr: _bitset(garr == gr) for gr in range(self.k) if gr != src}
         out = []
-        for s in members:
+        for i, s in enumerate(members):
+            if i % 64 == 0 and self.out_of_time():
+                break
             targets = set()
             if not any(grouping[c] == src for c in sg.children[s]):  # most downstream
                 targets |= {grouping[c] for c in sg.children[s] if grouping[c] > src}
             if not any(grouping[p] == src for p in sg.parents[s]):  # no parent inside
                 targets |= {grouping[p] for p in sg.parents[s] if grouping[p] < src}
-            for t in range(len(grouping)):
-                if grouping[t] != src and t not in sg.ancestors[s] and s not in sg.ancestors[t]:
-                    targets.add(grouping[t])  # a group holding a parallel subgraph
+            related = sg.ancestors[s] | sg.descendants[s]
+            # a group holding a parallel subgraph (no ancestor relation either way)
+            targets |= {gr for gr, bits in in_group.items() if bits & ~related}
             targets.discard(src)
             if balance:
                 gap = load[src] - load
@@ -203,11 +225,13 @@ class _Search:
             if not targets:
                 continue
             tgt = min(targets, key=lambda t: (load[t], t))
-            new = list(grouping)
-            new[s] = tgt
-            new = tuple(new)
-            if self.valid(new):
-                out.append(new)
+            # the grouping is valid, so only the edges of s can break: check them alone
+            if all(grouping[p] <= tgt for p in sg.parents[s]) and all(
+                tgt <= grouping[c] for c in sg.children[s]
+            ):
+                new = list(grouping)
+                new[s] = tgt
+                out.append(tuple(new))
         return out
 
     def run(self, share: float) -> tuple[tuple[int, ...] | None, tuple[int, ...], dict]:
@@ -219,7 +243,7 @@ class _Search:
         least_excess = (math.inf, start)
         explored = 0
         while queue and explored < opts.max_groupings:
-            if time.perf_counter() - self.t0 > opts.time_limit:
+            if self.out_of_time():
                 break
             grouping = queue.pop(0)
             explored += 1
@@ -257,8 +281,10 @@ def poprt(g: Graph, cluster: Cluster, opts: PoprtOptions | None = None):
     """PopRT auto-sharding on graph ``g``: (assignment, info) where info has the sharding
     nodes per device, the memory share that was needed, and search statistics."""
     opts = opts or PoprtOptions()
+    t0 = time.perf_counter()
     sg = build_subgraphs(g)
     search = _Search(g, cluster, sg, opts)
+    search.t0 = t0  # the time limit covers building the subgraphs too
     grouping, stats = None, {}
     fallback = None
     for share in opts.memory_proportions:

@@ -17,16 +17,34 @@ feeds a non-adjacent one. The DP runs row by row (segment end e), vectorised ove
   peak as a reverse running maximum; the DP step for every j at once is one 2-D minimum.
 - Starts whose segment work alone exceeds an upper bound are never needed, so each row only
   looks at a window. The bound doubles until a slicing is found (f >= work keeps it exact).
+
+The DP is quadratic in the node count when k is small (a window spans about n / k starts), so
+it checks the clock every few hundred rows and raises :class:`SliceTimeout` past ``deadline``;
+k = 1 needs no DP at all (one block holds every node). At most n blocks can be non-empty, so the
+tables have min(k, n) + 1 rows: :func:`slice_table_bytes` says how much they need.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from solver.cluster import Cluster
+from solver.cost import evaluate, validate
 from solver.graph import Graph
+
+CLOCK_EVERY = 256  # DP rows between two looks at the clock
+
+
+class SliceTimeout(Exception):
+    """The slicing DP passed its deadline before finishing (no partial result exists)."""
+
+
+def slice_table_bytes(n: int, k: int) -> int:
+    """Bytes the DP tables (best value and parent per block count and end) of n nodes take."""
+    return 16 * (min(k, n) + 1) * (n + 1)
 
 
 class _Intervals:
@@ -78,35 +96,51 @@ def slice_order(
     order: np.ndarray,
     k: int | None = None,
     upper: float = math.inf,
+    deadline: float = math.inf,
 ) -> tuple[float, np.ndarray | None]:
     """Best slicing of ``order`` into at most k contiguous blocks.
 
     Returns (bottleneck, assignment), or (inf, None) when no slicing fits the capacity. With a
     finite ``upper``, returns (inf, None) as soon as it is clear that no slicing costs at most
-    ``upper`` (a cheap rejection for searches that only want improvements).
+    ``upper`` (a cheap rejection for searches that only want improvements). Raises
+    :class:`SliceTimeout` when ``time.perf_counter()`` passes ``deadline``.
     """
     k = cluster.devices if k is None else k
+    k = min(k, g.n)  # at most n blocks can be non-empty
     order = np.asarray(order, dtype=np.int64)
+    if k <= 1:  # one block holds everything: no DP
+        a = np.zeros(g.n, dtype=np.int64)
+        if any(v.kind == "capacity" for v in validate(g, cluster, a, k=1)):
+            return math.inf, None
+        val = evaluate(g, cluster, a, k=1).objective
+        return (val, a) if val <= upper * (1 + 1e-9) else (math.inf, None)
     W = np.concatenate([[0.0], np.cumsum(g.work[order])])
     total = float(W[-1])
     if math.isfinite(upper):
-        val, a = _slice(g, cluster, order, k, upper * (1 + 1e-9), W)
+        val, a = _slice(g, cluster, order, k, upper * (1 + 1e-9), W, deadline)
         return (val, a) if a is not None and val <= upper * (1 + 1e-9) else (math.inf, None)
     # the window is exact when the result is within it: every segment of a better slicing has
     # work <= f <= result; otherwise widen it to the result (or double it) and run again
     lim = max(1.5 * total / k, float(g.work.max(initial=0.0)))
     while True:
-        val, a = _slice(g, cluster, order, k, lim * (1 + 1e-9), W)
+        val, a = _slice(g, cluster, order, k, lim * (1 + 1e-9), W, deadline)
         if (a is not None and val <= lim * (1 + 1e-9)) or lim >= total:
             return val, a
         lim = min(val if a is not None else 2 * lim, total) if lim > 0 else total
 
 
 def _slice(
-    g: Graph, cluster: Cluster, order: np.ndarray, k: int, lim: float, W: np.ndarray
+    g: Graph,
+    cluster: Cluster,
+    order: np.ndarray,
+    k: int,
+    lim: float,
+    W: np.ndarray,
+    deadline: float = math.inf,
 ) -> tuple[float, np.ndarray | None]:
     """One DP pass considering only segments whose work is at most ``lim``."""
     n = g.n
+    timed = math.isfinite(deadline)
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
     B = cluster.link_bandwidth
@@ -156,6 +190,8 @@ def _slice(
     ie = ip = 0
     n_ev, n_pv = len(ev_e), len(pv_e)
     for e in range(1, n + 1):
+        if timed and e % CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+            raise SliceTimeout(f"slicing stopped at the time limit after {e:,} of {n:,} nodes")
         while ie < n_ev and ev_e[ie] == e:
             t, q = ev_t[ie], ev_q[ie]
             if q >= 0:
