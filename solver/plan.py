@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.cluster import Cluster
+from solver.cluster import MAX_DEVICES, Cluster
 from solver.cost import Evaluation, evaluate, validate
 from solver.errors import MtppError
 from solver.files import read_json, write_json_atomic
@@ -222,7 +222,11 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
         )
     a = np.empty(g.n, dtype=np.int64)
     for name, b in assign.items():
-        if not isinstance(b, int) or isinstance(b, bool):
-            raise MtppError(f"{path}: block of node {name!r} must be an integer, got {b!r}")
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < MAX_DEVICES:
+            shown = repr(b) if len(repr(b)) < 40 else repr(b)[:37] + "..."
+            raise MtppError(
+                f"{path}: block of node {name!r} must be a whole number from 0 to "
+                f"{MAX_DEVICES - 1}, got {shown}"
+            )
         a[g.index[name]] = b
     return a, data

@@ -269,6 +269,25 @@ def test_bad_sharding_yaml(text, match, graph, tmp_path, capsys):
     assert_refused(capsys, ["evaluate", graph, s], match, watch=tmp_path)
 
 
+@pytest.mark.parametrize(
+    "block, match",
+    [
+        (10**400, r"block of node 'a' must be a whole number from 0 to 1023, got 1000"),
+        (-1, r"block of node 'a' must be a whole number from 0 to 1023, got -1"),
+        ("0", r"block of node 'a' must be a whole number.*got '0'"),
+        (True, r"block of node 'a' must be a whole number.*got True"),
+    ],
+)
+def test_bad_block_numbers_in_a_plan_file(block, match, graph, tmp_path, capsys):
+    """Huge, negative, string and boolean block numbers in a plan file are refused by name."""
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    plan["assignment"]["a"] = block
+    bad = write(tmp_path, "bad.json", json.dumps(plan))
+    assert_refused(capsys, ["evaluate", graph, bad], match, watch=tmp_path)
+
+
 # ---------------------------------------------------------------------- options
 OPTION_CASES = [
     (["--dim", "batch=0"], r"--dim 'batch=0': VALUE must be between 1 and 2147483647"),
