@@ -35,8 +35,8 @@ def least_work_for_bytes(work: np.ndarray, nbytes: np.ndarray, need: float) -> f
         total += take * work[i]
         got += take * nbytes[i]
         if got >= need * (1 - 1e-12):
-            return total
-    return total  # cannot reach need: every byte's work counted (still a lower bound)
+            return float(total)
+    return float(total)  # cannot reach need: every byte's work counted (still a lower bound)
 
 
 def held_bytes(it: Items, k: int, time_limit: float) -> float:
