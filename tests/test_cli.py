@@ -1,5 +1,6 @@
 """The mtpp command: JSON output, tables, exit codes and one-line errors."""
 
+import io
 import json
 
 import pytest
@@ -182,3 +183,124 @@ def test_simulate_cli(toy, tmp_path, capsys):
     assert json.loads(out)["period"] == pytest.approx(8.0)  # one device busy at a time: 4 + 4
     code, _, err = run(capsys, "simulate", toy, plan, "--requests", "0")
     assert code == 2 and "--requests must be >= 1" in err
+
+
+# ------------------------------------------------------------------ tables at 80 columns
+def test_block_table_cells_have_one_unit_per_column(toy, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "solve", toy, "-q", "--out", plan)
+    lines = out.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["block", "nodes"])
+    assert lines[head - 1].split() == ["work", "io", "in", "io", "out", "overflow", "f(S)"] + [
+        "params",
+        "peak",
+    ]
+    assert lines[head].split() == ["block", "nodes"] + ["s"] * 5 + ["B", "B"]
+    # {a, b} | {c}: work 3 and 3, one byte each way over 1 B/s, w stored twice, peak 1 + 1 B
+    assert lines[head + 2].split() == ["0", "*", "2", "3.000", "0", "1.000", "0", "4.000"] + [
+        "10",
+        "2",
+    ]
+    assert lines[head + 3].split() == ["1", "1", "3.000", "1.000", "0", "0", "4.000", "10", "2"]
+
+
+def test_column_unit_picks_the_unit_of_the_largest_value():
+    from solver.cli.common import BYTE_UNITS, TIME_UNITS, ColumnUnit
+
+    u = ColumnUnit([2.5e-5, 1.2e-6, float("nan")], TIME_UNITS)
+    cells = (u.name, u.cell(2.5e-5), u.cell(1.2e-6), u.cell(4e-9))
+    assert cells == ("us", "25.00", "1.20", "<0.01")
+    b = ColumnUnit([3 * 2**30, 512 * 2**20], BYTE_UNITS)
+    assert (b.name, b.cell(3 * 2**30), b.cell(512 * 2**20)) == ("GiB", "3.000", "0.500")
+    assert ColumnUnit([0.0, 0.0], TIME_UNITS).cell(0.0) == "0"
+    assert ColumnUnit([1500.0], TIME_UNITS).cell(1500.0) == "1500"
+
+
+LONG = "/model/decoder/layers.{i}/self_attention/query_key_value/MatMul_output_0_long_suffix"
+
+
+@pytest.fixture
+def long_names(tmp_path):
+    """A graph with long node, op type and graph names, random costs, and a plan for it."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    names = [LONG.format(i=i) for i in range(14)]
+    g = {
+        "format": "mtpp-graph",
+        "version": 1,
+        "name": "graph-" + "n" * 100,
+        "cluster": {"devices": 5, "link_bandwidth": "1GB/s", "fast_memory": "4MiB"},
+        "nodes": [
+            {
+                "name": n,
+                "work": float(rng.uniform(1e-4, 1e-2)),
+                "sizeout": int(rng.integers(1, 10**6)),
+                "op_type": "AVeryLongCustomOperatorTypeName" * 2,
+            }
+            for n in names
+        ],
+        "edges": [[names[i], names[i + 1]] for i in range(len(names) - 1)],
+        "params": [
+            {"name": f"w{i}", "bytes": int(rng.integers(1, 10**7)), "users": [n]}
+            for i, n in enumerate(names)
+        ],
+    }
+    p = tmp_path / "long.json"
+    p.write_text(json.dumps(g))
+    return p
+
+
+def fits_80(text: str) -> None:
+    lines = text.splitlines()
+    assert lines and max(len(x) for x in lines) <= 80, max(lines, key=len)
+    assert "…" not in text  # names wrap, they are not cut
+
+
+def test_tables_fit_80_columns_in_a_pipe(long_names, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    plan = tmp_path / "plan.json"
+    for argv in (
+        ["inspect", long_names],
+        ["solve", long_names, "-q", "--out", plan],
+        ["solve", long_names, "-q", "-m", "poprt"],
+        ["evaluate", long_names, plan],
+        ["simulate", long_names, plan],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and err == "", (argv, err)
+        fits_80(out)
+        if argv[0] == "inspect":  # node names are shown whole, folded in their column
+            lines = out.splitlines()
+            head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["node", "op"])
+            a, b = lines[head].index("node"), lines[head].index(" op ") + 1
+            column = "".join(x[a:b].strip() for x in lines[head + 2 :])
+            shown = [i for i in range(14) if LONG.format(i=i) in column]
+            assert len(shown) == 10, column  # the ten heaviest
+
+
+def test_tables_fit_a_recorded_80_column_console(long_names, tmp_path, capsys):
+    from collections import Counter
+
+    from rich.console import Console
+
+    from solver.cli.inspect_graph import print_inspect
+    from solver.cli.simulate import print_simulation
+    from solver.cli.solve import _print_plan
+    from solver.io import load_graph, resolve_cluster
+    from solver.methods import SolveOptions, solve
+    from solver.simulate import simulate
+
+    g = load_graph(str(long_names))
+    cluster = resolve_cluster(g, None, None)
+    plan = solve(g, cluster, "time", SolveOptions())
+    con = Console(width=80, record=True, file=io.StringIO())
+    _print_plan(plan, con=con)
+    code, out, _ = run(capsys, "inspect", long_names, "--json")
+    print_inspect(con, g, cluster, json.loads(out), Counter(g.op_types))
+    sim = simulate(g, cluster, plan.assignment, requests=10)
+    args = type("A", (), {"requests": 10, "mode": "pipelined", "overlap": False, "gantt": None})
+    print_simulation(con, sim, g.name, cluster, args)
+    text = con.export_text()
+    fits_80(text)
+    assert "graph-" + "n" * 20 in text and "device" in text and "heaviest" in text

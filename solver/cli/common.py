@@ -111,12 +111,21 @@ def load_graph_and_cluster(args: argparse.Namespace):
     return g, cluster
 
 
+PLAIN_WIDTH = 80  # columns of tables written to a pipe or a file
+
+
 def console():
+    """The console of stdout: a terminal's own width; in a pipe or a file 80 columns (or
+    ``$COLUMNS`` when it is set), whatever the size of a terminal elsewhere on the session."""
+    import os
+
     from rich.console import Console
 
     con = Console(highlight=False)
-    if not con.is_terminal:  # pipes and files: do not squeeze tables into 80 columns
-        con = Console(highlight=False, width=140)
+    if not con.is_terminal:
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) >= 20 else PLAIN_WIDTH
+        con = Console(highlight=False, width=width)
     return con
 
 
@@ -143,6 +152,42 @@ def fmt(x: float | None) -> str:
     if not math.isfinite(x):
         return str(x)
     return f"{x:.6g}"
+
+
+TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+BYTE_UNITS = (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+
+
+class ColumnUnit:
+    """One unit for a group of table columns, so that cells are bare numbers with the unit in
+    the header (narrow tables): the largest unit in which the largest value is at least 1,
+    with the decimals that give that value four significant digits.
+
+    >>> u = ColumnUnit([0.0091, 0.0003, 0.0], TIME_UNITS)
+    >>> u.name, u.cell(0.0091), u.cell(0.0003), u.cell(0.0), u.cell(1e-9)
+    ('ms', '9.100', '0.300', '0', '<0.001')
+    """
+
+    def __init__(self, values, units: tuple[tuple[str, float], ...]):
+        finite = [abs(float(v)) for v in values if math.isfinite(v)]
+        top = max(finite, default=0.0)
+        self.name, self.scale = next(((n, s) for n, s in units if top >= s), units[-1])
+        if top == 0:
+            self.name, self.scale = units[0] if units[0][0] == "s" else units[-1]
+        digits = math.floor(math.log10(top / self.scale)) if top else 0
+        self.decimals = max(0, 3 - digits)
+        if self.name == "B" and all(v.is_integer() for v in finite):
+            self.decimals = 0  # whole bytes
+
+    def cell(self, x: float) -> str:
+        if not math.isfinite(x):
+            return str(x)
+        if x == 0:
+            return "0"
+        text = f"{x / self.scale:.{self.decimals}f}"
+        if float(text) == 0:
+            return f"<{10.0**-self.decimals:.{self.decimals}f}"
+        return text
 
 
 def print_json(obj: dict) -> None:

@@ -75,39 +75,55 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
         return 0
+    print_inspect(console(), g, cluster, info, ops)
+    return 0
+
+
+def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
+    """The summary, operator types and heaviest operators as tables that fit the console
+    (80 columns in a pipe): long names wrap in their column instead of widening the table."""
+    from rich import box
     from rich.table import Table
 
     from solver.units import format_bytes, format_time
 
-    con = console()
-    t = Table(title=f"graph {esc(g.name)}", show_header=False)
+    con.print(f"[bold]graph[/bold] {esc(g.name)}")
+    t = Table(show_header=False, box=box.SIMPLE, pad_edge=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")
     t.add_row("nodes / edges", f"{g.n} / {info['edges']} ({g.m} ordering)")
     t.add_row("parameters", f"{g.num_params} entities, {format_bytes(g.param_bytes_total)}")
-    t.add_row("activations (sum of outputs)", format_bytes(info["activation_bytes"]))
+    t.add_row("activations", f"{format_bytes(info['activation_bytes'])} (sum of outputs)")
     t.add_row("total work", format_time(info["work"]))
     if g.flops is not None:
         t.add_row("total FLOPs", f"{info['flops']:.4g}")
     t.add_row("co-location groups", str(len(g.groups)))
     t.add_row("cluster", esc(cluster.summary()))
-    t.add_row(f"lower bound on max f (k={cluster.devices})", format_time(info["lower_bound"]))
+    t.add_row(f"lower bound (k={cluster.devices})", f"{format_time(info['lower_bound'])} on max f")
     con.print(t)
     if ops:
-        o = Table(title="operator types")
-        o.add_column("op")
-        o.add_column("count", justify="right")
+        o = Table(title="operator types", box=box.SIMPLE_HEAD)
+        o.add_column("op", overflow="fold")
+        o.add_column("count", justify="right", no_wrap=True)
         for name, c in ops.most_common(15):
             o.add_row(esc(name), str(c))
         con.print(o)
-    h = Table(title=f"heaviest {len(top)} operators")
-    for col in ("node", "op", "work", "FLOPs", "output"):
-        h.add_column(col, justify="left" if col in ("node", "op") else "right")
-    for row in info["heaviest"]:
-        h.add_row(
-            esc(row["name"]),
-            esc(row["op_type"] or "-"),
-            format_time(row["work"]),
-            fmt(row["flops"]),
-            format_bytes(row["sizeout"]),
-        )
+    top = info["heaviest"]
+    h = Table(title=f"heaviest {len(top)} operators", box=box.SIMPLE_HEAD)
+    h.add_column("node", overflow="fold")
+    if g.op_types is not None:
+        h.add_column("op", overflow="fold", max_width=20)
+    h.add_column("work", justify="right", no_wrap=True)
+    if g.flops is not None:
+        h.add_column("FLOPs", justify="right", no_wrap=True)
+    h.add_column("output", justify="right", no_wrap=True)
+    for row in top:
+        cells = [esc(row["name"])]
+        if g.op_types is not None:
+            cells.append(esc(row["op_type"] or "-"))
+        cells.append(format_time(row["work"]))
+        if g.flops is not None:
+            cells.append(fmt(row["flops"]))
+        cells.append(format_bytes(row["sizeout"]))
+        h.add_row(*cells)
     con.print(h)
-    return 0

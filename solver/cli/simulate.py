@@ -111,24 +111,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["graph"] = g.name
         print_json(out)
         return 0 if sim.valid else 1
+    print_simulation(console(), sim, g.name, cluster, args)
+    return 0 if sim.valid else 1
+
+
+def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespace) -> None:
+    """The simulation in words and a per-device table that fits 80 columns."""
+    from rich import box
     from rich.table import Table
 
     from solver.units import format_bytes, format_time
 
-    con = console()
     con.print(
-        f"[bold]simulation[/bold]: graph {esc(g.name)}, {args.requests} requests, {args.mode}"
-        + (" with overlap" if args.overlap else "")
+        f"[bold]simulation[/bold]: graph {esc(graph_name)}, {args.requests} requests, "
+        f"{args.mode}" + (" with overlap" if args.overlap else "")
     )
-    con.print(f"cluster {cluster.summary()}")
+    con.print(f"cluster {esc(cluster.summary())}")
+    con.print(f"period {format_time(sim.period)}  throughput {sim.throughput:.6g} requests/s")
     con.print(
-        f"period {format_time(sim.period)}  throughput {sim.throughput:.6g} requests/s  "
         f"latency first {format_time(sim.latency_first)}, mean "
         f"{format_time(sim.latency_mean)}  valid {sim.valid}"
     )
-    t = Table()
-    for col in ("device", "busy", "idle (bubble)", "peak memory", "activations"):
-        t.add_column(col, justify="right")
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("device", "busy", "idle\n(bubble)", "peak\nmemory", "peak\nactivations"):
+        t.add_column(col, justify="right", no_wrap=True)
     for d in range(cluster.devices):
         t.add_row(
             str(d),
@@ -139,7 +145,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     con.print(t)
     for v in sim.violations:
-        con.print(f"[red]invalid:[/red] {v}")
+        con.print(f"[red]invalid:[/red] {esc(v)}")
     if args.gantt:
         con.print(f"Gantt chart written to {esc(args.gantt)}")
-    return 0 if sim.valid else 1

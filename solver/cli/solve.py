@@ -57,7 +57,13 @@ def add_solve_parser(sub) -> None:
         metavar="REL",
         help="stop once the relative gap is at most REL, e.g. 0.01 (default 0: prove optimality)",
     )
-    s.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    s.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress on stderr (shown also with --json: a live line on a terminal, else "
+        "a line on each better plan and every few seconds, none in the first 2 s)",
+    )
     m = p.add_argument_group("method options")
     m.add_argument(
         "--optimal-perf",
@@ -122,13 +128,14 @@ def _block_rows(plan) -> list[tuple[str, dict | None]]:
     return out
 
 
-def _print_plan(plan, violations=(), title: str = "plan", claim: dict | None = None) -> None:
-    from rich.table import Table
-
+def _print_plan(
+    plan, violations=(), title: str = "plan", claim: dict | None = None, con=None
+) -> None:
+    """The plan in words and a per-block table that fits 80 columns (times and bytes in one
+    unit per column group, named in the header)."""
     from solver.plan import OPTIMAL
-    from solver.units import format_bytes, format_time
 
-    con = console()
+    con = con or console()
     con.print(f"[bold]{title}[/bold]: graph {esc(plan.graph_name)}, method {esc(plan.method)}")
     con.print(f"cluster {esc(plan.cluster.summary())}")
     lb = plan.lower_bound
@@ -137,43 +144,64 @@ def _print_plan(plan, violations=(), title: str = "plan", claim: dict | None = N
     within = plan.stats.get("optimal_within") if plan.status == OPTIMAL else None
     if claim is not None and claim["used"]:
         within = claim.get("claimed_optimal_within")
+    con.print(f"status [bold]{status}[/bold]")
     if within:
-        status += f" (within the rounding resolution {fmt(within)} s)"
+        con.print(f"(optimal within the rounding resolution {fmt(within)} s)")
     con.print(
-        f"status [bold]{status}[/bold]  objective (max f) {fmt(plan.objective)} s  "
-        f"lower bound {fmt(lb)} s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
+        f"objective (max f) {fmt(plan.objective)} s  lower bound {fmt(lb)} s  "
+        f"gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
     if claim is not None:
         con.print(
             f"claimed by the file: status {esc(claim['claimed_status'] or '-')}, lower bound "
-            f"{fmt(claim['claimed_lower_bound'])} s: {esc(claim['claim'])}"
+            f"{fmt(claim['claimed_lower_bound'])} s"
         )
+        con.print(f"claim: {esc(claim['claim'])}")
     con.print(
         f"throughput {fmt(plan.evaluation.throughput)} requests/s  latency "
         f"{fmt(plan.evaluation.latency)} s  solve time {plan.wall_seconds:.2f} s"
     )
-    t = Table()
-    for col in ("block", "nodes", "work", "io in", "io out", "overflow", "f(S)", "params", "peak"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for label, row in _block_rows(plan):
+    con.print(block_table(plan))
+    con.print("(* = bottleneck block; a..b = empty blocks)")
+    for v in violations:
+        con.print(f"[red]invalid:[/red] {esc(v)}")
+
+
+TIME_COLUMNS = (("work", "work"), ("io in", "io_in"), ("io out", "io_out"))
+TIME_COLUMNS += (("overflow", "overflow"), ("f(S)", "f"))
+BYTE_COLUMNS = (("params", "param_bytes"), ("peak", "peak_bytes"))
+
+
+def block_table(plan):
+    """Per-block table: one time unit for all time columns, one byte unit for the memory
+    columns, units in the header; 9 narrow columns without side borders fit 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    from solver.cli.common import BYTE_UNITS, TIME_UNITS, ColumnUnit
+
+    rows = _block_rows(plan)
+    full = [r for _, r in rows if r is not None]
+    tu = ColumnUnit([r[k] for r in full for _, k in TIME_COLUMNS], TIME_UNITS)
+    bu = ColumnUnit([r[k] for r in full for _, k in BYTE_COLUMNS], BYTE_UNITS)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("block", justify="right", no_wrap=True)
+    t.add_column("nodes", justify="right", no_wrap=True)
+    for name, _ in TIME_COLUMNS:
+        t.add_column(f"{name}\n{tu.name}", justify="right", no_wrap=True)
+    for name, _ in BYTE_COLUMNS:
+        t.add_column(f"{name}\n{bu.name}", justify="right", no_wrap=True)
+    for label, row in rows:
         if row is None:
             t.add_row(label, "0", *["-"] * 7, style="dim")
             continue
         t.add_row(
             label,
             str(row["nodes"]),
-            format_time(row["work"]),
-            format_time(row["io_in"]),
-            format_time(row["io_out"]),
-            format_time(row["overflow"]),
-            format_time(row["f"]),
-            format_bytes(row["param_bytes"]),
-            format_bytes(row["peak_bytes"]),
+            *[tu.cell(row[k]) for _, k in TIME_COLUMNS],
+            *[bu.cell(row[k]) for _, k in BYTE_COLUMNS],
         )
-    con.print(t)
-    con.print("(* = bottleneck block; a..b = empty blocks)")
-    for v in violations:
-        con.print(f"[red]invalid:[/red] {esc(v)}")
+    return t
 
 
 def check_claim(plan, data: dict, recorded_cluster) -> dict:
@@ -297,7 +325,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         workers=args.workers,
         seed=args.seed,
         gap=args.gap,
-        progress=not args.quiet and not args.json,
+        progress=not args.quiet,  # on stderr: with --json, stdout holds only the JSON
         extra=extra,
     )
     check_solve_options(opts)  # before loading a big graph
