@@ -1,14 +1,16 @@
-"""Shared bits of the benchmark scripts: where the dnn-partitioning graphs are, known optima."""
+"""Shared bits of the benchmark scripts: where the dnn-partitioning graphs are, known optima.
+
+The data folder is ``$MTPP_BENCH``, else ../shared/benchmarks/dnn-partitioning beside the
+project (see :mod:`solver.benchdata`); the known optima are the package's one table.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from solver.experiments import DNNPART, DNNPART_KNOWN
+from solver.benchdata import KNOWN_OPTIMA, benchmark_dir, graph_path
 
-INPUTS = DNNPART / "throughput-inputs"
-
-KNOWN = DNNPART_KNOWN  # the optima at the file's k, kept in one place
+KNOWN = {key: opt for key, (_, _, opt) in KNOWN_OPTIMA.items()}  # optimum at the file's k
 TRAINING = [
     "LayerGraphs/bert24_training",
     "LayerGraphs/gnmt_training",
@@ -22,4 +24,4 @@ TRAINING = [
 
 
 def path(key: str) -> Path:
-    return INPUTS / f"{key}.json"
+    return graph_path(key, benchmark_dir())

@@ -1,104 +1,158 @@
 """YAML experiments: heuristics against the exact optimum, over graphs x clusters x k x methods.
 
     mtpp experiment configs/experiments/smoke.yaml --output results/smoke --jobs 2 [--resume]
+    mtpp experiment configs/experiments/smoke.yaml --output results/smoke --backend ray
 
-The config is validated (pydantic: unknown keys and wrong types are refused with the path of the
-key; missing files, unknown methods or presets, negative limits are reported) before any run
-starts. Runs execute in parallel processes; every finished run is written atomically to
-``runs/<id>.json`` (and appended to ``results.jsonl``) with its plan in ``plans/<id>.json``, so
-killing the runner loses no finished result and ``--resume`` skips what is recorded.
+The config is validated (pydantic, strict: unknown keys, wrong types, booleans where numbers
+belong, NaN or infinite limits are refused with the path of the key; missing files, unknown
+methods, options or presets, absurd sizes are reported) before any run starts or any file is
+written. Paths in the config are resolved beside the config file, then in the current folder;
+the dnn-partitioning data folder is the ``benchmark_dir:`` key, else ``$MTPP_BENCH``, else
+../shared/benchmarks/dnn-partitioning beside the current project (:mod:`solver.benchdata`).
 
-Cores: each run gets ``max(1, cores // jobs)`` CP-SAT workers, so ``--jobs`` runs together never
-ask for more threads than the machine has.
+Two backends run the same runs and write the same records: ``local``, a process pool on this
+machine, and ``ray`` (:mod:`solver.experiment_ray`), one Ray task per run on a local Ray
+instance or an existing cluster. Either way the driver (this process) writes every finished
+run at once and atomically to ``runs/<id>.json`` (and appends it to ``results.jsonl``) with its
+plan in ``plans/<id>.json``; workers never write into the results folder. Ctrl-C cancels the
+queued runs, stops the running ones, records every finished one and writes the reports;
+``--resume`` skips what is recorded (by either backend) and redoes a run whose record is torn.
+A run id hashes everything that defines the run: the graph source (and file content), dims,
+work model, builder parameters, the cluster (an inline cluster by its content), k, the method
+and its options, time limit, seed and repeat.
+
+The reports and the proofs of exact optima are in :mod:`solver.experiment_reports`.
+
+Cores: on the local backend each run gets ``max(1, cores // jobs)`` CP-SAT workers (or the
+method's ``cpus:``), so ``--jobs`` runs together never ask for more threads than the machine
+has; on Ray a run asks for the method's ``cpus:`` (CP-SAT: the cores of the largest node, at
+most 8; other methods: 1) and gets that many CP-SAT workers.
 """
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import hashlib
 import json
-import math
 import os
+import signal
+import sys
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from solver import benchdata
 from solver.errors import MtppError
-from solver.files import read_yaml, write_json_atomic
+from solver.experiment_reports import (  # noqa: F401  (re-exported: the reports' API)
+    CSV_COLUMNS,
+    enrich,
+    geomean,
+    prove_optimum,
+    summary_markdown,
+    write_reports,
+)
+from solver.files import check_output_dir, read_yaml, write_json_atomic
+from solver.plan import ERROR, INFEASIBLE
 
-ROOT = Path(__file__).resolve().parents[1]
-DNNPART = Path(os.environ.get("MTPP_BENCH", ROOT.parent / "shared/benchmarks/dnn-partitioning"))
-DNNPART_KNOWN = {  # optimum at the file's k (the benchmark README)
-    "LayerGraphs/bert24_inference": 17.78990625,
-    "LayerGraphs/gnmt_inference": 32.910658203125,
-    "LayerGraphs/resnet50_inference": 34.2228515625,
-    "LayerGraphs/inceptionv3_inference": 52.2016,
-    "OperatorGraphs/bert_l-3_inference": 27.9185676799125,
-    "OperatorGraphs/bert_l-6_inference": 33.989101556140085,
-    "OperatorGraphs/bert_l-12_inference": 147.47798444934838,
-    "OperatorGraphs/resnet50_inference": 128.0735111041098,
-}
+BACKENDS = ("local", "ray")
+MAX_RUNS = 1_000_000  # a larger cross product is refused before anything is allocated
+WARN_RUNS = 2_000  # a larger one is run, with a warning
+MAX_LAYERED = 1_000_000  # nodes of a generated layered DAG
+
+Count = Annotated[int, Field(strict=True, ge=1)]
+Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    print(f"mtpp: warning: {message}", file=sys.stderr, flush=True)
+
+
+class ExperimentInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the finished runs are recorded and the reports written."""
+
+    def __init__(self, recorded: int, total: int, output: Path):
+        super().__init__(f"{recorded} of {total} runs recorded in {output}")
+        self.recorded, self.total, self.output = recorded, total, output
 
 
 # ---------------------------------------------------------------------- the config schema
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class GraphSpec(_Strict):
     """One graph: exactly one of the source keys."""
 
-    dnnpart: str | None = None  # e.g. LayerGraphs/bert24_inference (in ../shared/benchmarks)
-    onnx: str | None = None  # a path, relative to the config's folder or the project
+    dnnpart: str | None = None  # e.g. LayerGraphs/bert24_inference (in the benchmark folder)
+    onnx: str | None = None  # a path, relative to the config's folder or the current folder
     json_file: str | None = Field(default=None, alias="json")
     zoo: str | None = None  # a model-zoo network shipped in the onnx wheel, e.g. resnet50
-    generate: str | None = None  # a models/build.py kind: transformer, decoder, resnet, ...
-    layered: int | None = Field(default=None, gt=0)  # a generated layered DAG with N nodes
-    params: dict[str, int] = {}  # builder parameters for generate / layered
-    dims: dict[str, int] = {}
+    generate: str | None = None  # a solver.modelgen kind: transformer, decoder, resnet, ...
+    layered: Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERED)] | None = None
+    params: dict[str, int | float] = {}  # builder parameters for generate / layered
+    dims: dict[str, Count] = {}
     work: Literal["roofline", "flops", "measured"] = "roofline"
     name: str | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     @model_validator(mode="after")
     def _one_source(self):
-        keys = [
-            k
-            for k in ("dnnpart", "onnx", "json_file", "zoo", "generate", "layered")
-            if getattr(self, k) is not None
-        ]
+        keys = [k for k in SOURCES if getattr(self, k) is not None]
         if len(keys) != 1:
             raise ValueError("give exactly one of dnnpart, onnx, json, zoo, generate, layered")
         return self
 
+    def source(self) -> dict:
+        """The source key and its value, e.g. ``{"onnx": "models/x.onnx"}``."""
+        key = next(k for k in SOURCES if getattr(self, k) is not None)
+        return {"json" if key == "json_file" else key: getattr(self, key)}
+
+
+SOURCES = ("dnnpart", "onnx", "json_file", "zoo", "generate", "layered")
+
 
 class MethodSpec(_Strict):
     name: str
-    time_limit: float | None = Field(default=None, gt=0)
+    time_limit: Seconds | None = None
     options: dict[str, Any] = {}
     label: str | None = None
+    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None  # per run (CP-SAT)
 
 
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     graphs: list[GraphSpec] = Field(min_length=1)
     clusters: list[str | dict[str, Any]] = ["file"]
-    devices: list[int | None] = [None]  # None: the graph file's k (or the cluster's)
+    devices: list[Count | None] = [None]  # None: the graph file's k (or the cluster's)
     methods: list[str | MethodSpec] = Field(min_length=1)
-    time_limit: float = Field(default=60.0, gt=0)
-    seeds: list[int] = [0]
-    repeats: int = Field(default=1, ge=1)
+    time_limit: Seconds = 60.0
+    seeds: list[Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]] = [0]
+    repeats: Count = 1
+    benchmark_dir: str | None = None  # the dnn-partitioning folder, relative to this file
+    backend: Literal["local", "ray"] | None = None  # the command line's --backend wins
+    address: Annotated[str, Field(min_length=1)] | None = None  # a Ray cluster to join
 
-    @model_validator(mode="after")
-    def _devices_positive(self):
-        for k in self.devices:
-            if k is not None and k < 1:
-                raise ValueError(f"devices: {k} is not a device count (use >= 1)")
-        return self
+    def method_specs(self) -> list[MethodSpec]:
+        return [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
+
+    def size(self) -> int:
+        """How many runs the cross product has."""
+        return (
+            len(self.graphs)
+            * len(self.clusters)
+            * len(self.devices)
+            * len(self.methods)
+            * len(self.seeds)
+            * self.repeats
+        )
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "GraphSpec", "MethodSpec"}
@@ -117,10 +171,20 @@ def validation_message(e: ValidationError) -> str:
     return f"key {'.'.join(parts) or '(top level)'!r}: {err['msg']}"
 
 
+def _duplicates(items: list, what: str) -> None:
+    """Refuse a list with the same entry twice: its runs would share an id."""
+    seen: dict[str, int] = {}
+    for i, x in enumerate(items):
+        key = json.dumps(x, sort_keys=True, default=str)
+        if key in seen:
+            raise MtppError(f"key '{what}.{i}': the same as {what}.{seen[key]}; remove one")
+        seen[key] = i
+
+
 def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
     """Read and validate an experiment YAML; every problem names the key to fix."""
     from solver.cluster import cluster_from_dict, load_cluster
-    from solver.methods import METHODS
+    from solver.methods import METHODS, check_method_options
 
     path = Path(path)
     data = read_yaml(path, "experiment config")
@@ -130,10 +194,28 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as e:
         raise MtppError(f"{path}: {validation_message(e)}") from None
+    if cfg.address is not None and cfg.backend != "ray":
+        raise MtppError(f"{path}: key 'address': joins a Ray cluster; give it with 'backend: ray'")
+    n = cfg.size()
+    if n > MAX_RUNS:
+        raise MtppError(
+            f"{path}: the cross product has {n:,} runs (graphs x clusters x devices x methods x "
+            f"seeds x repeats); at most {MAX_RUNS:,} are allowed: shrink a list or 'repeats'"
+        )
     base = path.parent
+    bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
+    try:
+        _duplicates([gs.model_dump(exclude={"name"}) for gs in cfg.graphs], "graphs")
+        _duplicates(list(cfg.clusters), "clusters")
+        _duplicates(list(cfg.devices), "devices")
+        _duplicates(list(cfg.seeds), "seeds")
+        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None
     for i, gs in enumerate(cfg.graphs):
         try:
-            graph_source(gs, base)
+            graph_source(gs, base, bench)
+            check_builder_params(gs)
         except MtppError as e:
             raise MtppError(f"{path}: key 'graphs.{i}': {e}") from None
     for i, c in enumerate(cfg.clusters):
@@ -141,25 +223,68 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
             if isinstance(c, dict):
                 cluster_from_dict(c, f"clusters.{i}")
             elif c != "file":  # 'file': the cluster each graph file states
-                load_cluster(c)
+                load_cluster(cluster_ref(c, base))
         except MtppError as e:
             raise MtppError(f"{path}: key 'clusters.{i}': {e}") from None
-    for i, m in enumerate(cfg.methods):
-        name = m if isinstance(m, str) else m.name
-        if name not in METHODS:
+    for i, m in enumerate(cfg.method_specs()):
+        if m.name not in METHODS:
             raise MtppError(
-                f"{path}: key 'methods.{i}': unknown method {name!r}; choose one of "
+                f"{path}: key 'methods.{i}': unknown method {m.name!r}; choose one of "
                 f"{', '.join(METHODS)}"
             )
+        try:
+            check_method_options(m.name, m.options)
+        except MtppError as e:
+            raise MtppError(f"{path}: key 'methods.{i}.options': {e}") from None
     return cfg, base
 
 
-def graph_source(gs: GraphSpec, base: Path) -> tuple[str, Path | None]:
+def check_builder_params(gs: GraphSpec) -> None:
+    """Builder parameters of a generated graph: known keys, sensible sizes (before building)."""
+    if gs.generate is not None:
+        from solver.modelgen import check_params
+
+        check_params(gs.generate, gs.params)
+    elif gs.layered is not None:
+        for key, value in gs.params.items():
+            if key == "skip":
+                if not 0 <= value <= 1:
+                    raise MtppError(f"layered: params.skip must be in [0, 1], got {value}")
+            elif key in ("width", "seed"):
+                if not isinstance(value, int) or value < (1 if key == "width" else 0):
+                    raise MtppError(f"layered: params.{key} must be a whole number >= 1")
+            else:
+                raise MtppError(f"layered: unknown parameter {key!r}; valid: width, skip, seed")
+    elif gs.params:
+        raise MtppError("params are for generate and layered graphs only")
+
+
+def cluster_ref(c: str, base: Path) -> str:
+    """A cluster entry as load_cluster takes it: a preset name, or a YAML path resolved beside
+    the config first, then in the current folder."""
+    from solver.cluster import PRESET_DIR
+
+    if not Path(c).suffix and (PRESET_DIR / f"{c}.yaml").exists():
+        return c
+    return str(base / c) if (base / c).exists() else c
+
+
+def _find(val: str, base: Path) -> Path:
+    for cand in (base / val, Path(val)):
+        if cand.exists():
+            return cand
+    raise MtppError(f"{val}: no such file (looked beside the config and in the current folder)")
+
+
+def graph_source(gs: GraphSpec, base: Path, bench: Path) -> tuple[str, Path | None]:
     """(label, file) of a graph spec; generated graphs have no file until built."""
     if gs.dnnpart is not None:
-        p = DNNPART / "throughput-inputs" / f"{gs.dnnpart}.json"
-        if not p.exists():
-            raise MtppError(f"dnn-partitioning graph {gs.dnnpart!r} not found at {p}")
+        p = benchdata.graph_path(gs.dnnpart, bench)
+        if not p.is_file():
+            raise MtppError(
+                f"dnn-partitioning graph {gs.dnnpart!r} not found at {p}; set the benchmark "
+                f"folder with 'benchmark_dir:' in the config or ${benchdata.ENV_VAR}"
+            )
         return gs.name or gs.dnnpart, p
     if gs.zoo is not None:
         import onnx
@@ -171,351 +296,486 @@ def graph_source(gs: GraphSpec, base: Path) -> tuple[str, Path | None]:
     for key in ("onnx", "json_file"):
         val = getattr(gs, key)
         if val is not None:
-            for cand in (base / val, ROOT / val, Path(val)):
-                if cand.exists():
-                    return gs.name or Path(val).stem, cand
-            raise MtppError(f"{val}: no such file (looked beside the config and in the project)")
+            return gs.name or Path(val).stem, _find(val, base)
     if gs.generate is not None:
-        kinds = ("transformer", "decoder", "resnet", "inception", "unet")
-        if gs.generate not in kinds:
-            raise MtppError(f"generate: unknown model {gs.generate!r}; choose one of {kinds}")
+        from solver.modelgen import BUILDERS
+
+        if gs.generate not in BUILDERS:
+            raise MtppError(
+                f"generate: unknown model {gs.generate!r}; choose one of {', '.join(BUILDERS)}"
+            )
         label = gs.name or gs.generate + "".join(f"-{k}{v}" for k, v in sorted(gs.params.items()))
         return label, None
-    return gs.name or f"layered-{gs.layered}", None
+    label = gs.name or f"layered-{gs.layered}" + "".join(
+        f"-{k}{v}" for k, v in sorted(gs.params.items())
+    )
+    return label, None
 
 
-# ---------------------------------------------------------------------- runs
+# ---------------------------------------------------------------------- run ids
+_HASHES: dict[tuple, str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """SHA-1 of a file's content (cached by path, size and modification time)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha1()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+def _digest(data: object, n: int = 16) -> str:
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:n]
+
+
+def graph_identity(gs: GraphSpec, path: Path | None) -> dict:
+    """What defines a graph instance: its source (and the file's content), dims, work, params.
+    The display name is not part of it."""
+    ident = {"source": gs.source(), "dims": gs.dims, "work": gs.work, "params": gs.params}
+    if path is not None:
+        ident["content"] = file_digest(path)
+    return ident
+
+
+def cluster_identity(c: str | dict, base: Path) -> tuple[str, dict]:
+    """(display name, identity) of a cluster entry: an inline one by its content, a YAML file
+    by its content, a preset or 'file' by its name."""
+    if isinstance(c, dict):
+        ident = {"inline": c}
+        return str(c.get("name") or f"inline-{_digest(c, 6)}"), ident
+    ref = cluster_ref(c, base)
+    ident = {"name": c}
+    if Path(ref).is_file():
+        ident["content"] = file_digest(Path(ref))
+    return c, ident
+
+
 def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
-    """The cross product of the config as run descriptions with stable ids."""
+    """The cross product of the config as run descriptions with ids that cannot collide."""
+    bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
+    graphs = []
+    for gs in cfg.graphs:
+        label, path = graph_source(gs, base, bench)
+        graphs.append((label, graph_identity(gs, path)))
+    labels = [x[0] for x in graphs]
+    clusters = [cluster_identity(c, base) for c in cfg.clusters]
     runs = []
-    for gi, gs in enumerate(cfg.graphs):
-        label, _ = graph_source(gs, base)
-        for ci, cl in enumerate(cfg.clusters):
+    for gi, (label, g_ident) in enumerate(graphs):
+        if labels.count(label) > 1:  # two graphs shown under one name: tell them apart
+            label = f"{label}#{gi}"
+        g_key = _digest(g_ident)
+        for ci, (c_name, c_ident) in enumerate(clusters):
+            c_key = _digest(c_ident)
             for k in cfg.devices:
-                for m in cfg.methods:
-                    ms = MethodSpec(name=m) if isinstance(m, str) else m
+                for ms in cfg.method_specs():
+                    tl = ms.time_limit or cfg.time_limit
                     for seed in cfg.seeds:
                         for rep in range(cfg.repeats):
-                            desc = {
-                                "graph": label,
-                                "graph_index": gi,
-                                "cluster_index": ci,
-                                "cluster": cl if isinstance(cl, str) else cl.get("name", "inline"),
+                            ident = {
+                                "graph": g_ident,
+                                "cluster": c_ident,
                                 "devices": k,
-                                "method": ms.label or ms.name,
-                                "method_name": ms.name,
+                                "method": ms.name,
                                 "options": ms.options,
-                                "time_limit": ms.time_limit or cfg.time_limit,
+                                "time_limit": tl,
                                 "seed": seed,
                                 "repeat": rep,
                             }
-                            key = json.dumps(
-                                {x: desc[x] for x in desc if x != "graph_index"}, sort_keys=True
+                            runs.append(
+                                {
+                                    "id": _digest(ident),
+                                    "graph": label,
+                                    "graph_key": g_key,
+                                    "source": g_ident["source"],
+                                    "graph_index": gi,
+                                    "cluster_index": ci,
+                                    "cluster": c_name,
+                                    "cluster_key": c_key,
+                                    "cluster_spec": "inline" if "inline" in c_ident else c_name,
+                                    "devices": k,
+                                    "method": ms.label or ms.name,
+                                    "method_name": ms.name,
+                                    "options": ms.options,
+                                    "time_limit": tl,
+                                    "seed": seed,
+                                    "repeat": rep,
+                                }
                             )
-                            desc["id"] = hashlib.sha1(key.encode()).hexdigest()[:12]
-                            runs.append(desc)
     return runs
 
 
-def _materialise(gs: GraphSpec, base: Path, out: Path) -> Path:
+# ---------------------------------------------------------------------- one run
+def _materialise(gs: GraphSpec, base: Path, bench: Path, out: Path) -> Path:
     """The file of a graph spec, building generated models into ``out/models`` once."""
-    label, path = graph_source(gs, base)
+    label, path = graph_source(gs, base, bench)
     if path is not None:
         return path
-    target = out / "models" / (label.replace("/", "_") + (".onnx" if gs.generate else ".json"))
+    stem = label.replace("/", "_").replace("#", "_") + "-" + _digest(graph_identity(gs, None), 8)
+    target = out / "models" / (stem + (".onnx" if gs.generate else ".json"))
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name("." + target.name + f".{os.getpid()}")
-    if gs.generate:
-        import importlib.util
-        import sys
+    try:
+        if gs.generate:
+            from solver.modelgen import BUILDERS, save
 
-        spec = importlib.util.spec_from_file_location("mtpp_models_build", ROOT / "models/build.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        model, _ = mod.BUILDERS[gs.generate](**gs.params)
-        mod.save(model, tmp)
-    else:
-        from solver.io.native import to_dict
-        from solver.workloads import layered_dag
+            model, _ = BUILDERS[gs.generate](**gs.params)
+            save(model, tmp)
+        else:
+            from solver.io.native import to_dict
+            from solver.workloads import layered_dag
 
-        write_json_atomic(tmp, to_dict(layered_dag(int(gs.layered), **gs.params)))
-    os.replace(tmp, target)
+            write_json_atomic(tmp, to_dict(layered_dag(int(gs.layered), **gs.params)))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 
-def _execute(desc: dict, gs_data: dict, cluster_spec, base: str, out: str, workers: int) -> dict:
-    """One run in a worker process: load, solve, evaluate, save the plan."""
+def _execute(
+    desc: dict, gs_data: dict, cluster_spec, base: str, bench: str, out: str, workers: int
+) -> dict:
+    """One run in a local worker process: the graph file (generated models are built into
+    ``out/models`` once), then :func:`solve_run`."""
+    gs = GraphSpec.model_validate(gs_data)
+    t0 = time.perf_counter()
+    try:
+        path = _materialise(gs, Path(base), Path(bench), Path(out))
+    except MtppError as e:
+        return failed(desc, str(e), time.perf_counter() - t0)
+    named = isinstance(cluster_spec, str) and cluster_spec != "file"
+    cluster = cluster_ref(cluster_spec, Path(base)) if named else cluster_spec
+    return solve_run(desc, gs_data, str(path), cluster, workers)
+
+
+def failed(desc: dict, reason: str, wall: float | None = None) -> dict:
+    """The record of a run that failed (an exception, a time-out, a lost worker)."""
+    rec = dict(desc, status=ERROR, error=reason, objective=None, lower_bound=None)
+    rec["wall_seconds"] = wall
+    return rec
+
+
+def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
+    """Load the graph file, solve, evaluate: the run's record, with its plan under ``_plan``
+    for the driver to write. ``cluster`` is an inline mapping, "file" (what the graph file
+    states), a preset name or a cluster YAML path. It runs where the files are (a worker of
+    either backend) and writes nothing."""
     from solver.cluster import cluster_from_dict
     from solver.io import load_graph, resolve_cluster
     from solver.methods import SolveOptions, solve
-    from solver.plan import save_plan
 
     gs = GraphSpec.model_validate(gs_data)
-    out_p = Path(out)
     t0 = time.perf_counter()
     rec = dict(desc)
     try:
-        path = _materialise(gs, Path(base), out_p)
+        path = Path(graph)
+        ref = cluster if isinstance(cluster, str) and cluster != "file" else None
         kw = {}
         if path.suffix == ".onnx":
-            named = isinstance(cluster_spec, str) and cluster_spec != "file"
-            kw = {"dims": gs.dims, "work": gs.work, "cluster": cluster_spec if named else None}
+            kw = {"dims": gs.dims, "work": gs.work, "cluster": ref}
         g = load_graph(path, **kw)
-        if isinstance(cluster_spec, dict):
-            cluster = cluster_from_dict(cluster_spec, "inline cluster")
-            cluster = cluster.with_devices(desc["devices"])
+        if isinstance(cluster, dict):
+            cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
         else:  # "file": what the graph file states, else the default preset
-            spec = None if cluster_spec == "file" else cluster_spec
-            cluster = resolve_cluster(g, spec, desc["devices"])
+            cl = resolve_cluster(g, ref, desc["devices"])
         opts = SolveOptions(
             time_limit=desc["time_limit"],
             workers=workers,
             seed=desc["seed"],
             extra=dict(desc["options"]),
         )
-        plan = solve(g, cluster, desc["method_name"], opts)
-        rec.update(nodes=g.n, k=cluster.devices, cluster=cluster.name)
+        plan = solve(g, cl, desc["method_name"], opts)
+        rec.update(nodes=g.n, k=cl.devices, cluster_name=cl.name)
         if plan is None:
-            rec.update(status="INFEASIBLE", objective=None, lower_bound=None)
+            rec.update(status=INFEASIBLE, objective=None, lower_bound=None)
         else:
-            save_plan(plan, out_p / "plans" / f"{desc['id']}.json")
+            rec["_plan"] = plan.to_dict()
             rec.update(status=plan.status, objective=plan.objective, lower_bound=plan.lower_bound)
-        known = DNNPART_KNOWN.get(gs.dnnpart or "") if desc["devices"] is None else None
-        rec["known_optimum"] = known
     except MtppError as e:
-        rec.update(status="ERROR", error=str(e), objective=None, lower_bound=None)
+        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
     rec["wall_seconds"] = time.perf_counter() - t0
     return rec
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which records what finished and stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold Ctrl-C back while a record is written, so that no record is half written."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel queued runs and end the running ones without waiting for them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+# ---------------------------------------------------------------------- the output folder
+def check_output(out: Path, inputs: list[Path], resume: bool) -> None:
+    """Refuse an output folder that is an input, holds one, is the current folder or a parent;
+    a non-empty folder only with --resume, and only if it is an experiment's folder."""
+    check_output_dir(out, inputs, force=True, what="--output")
+    if out.is_dir() and any(out.iterdir()):
+        if not resume:
+            raise MtppError(
+                f"{out}: folder exists and is not empty; pass --resume to continue the "
+                "experiment in it, or choose another --output"
+            )
+        if not (out / "runs").is_dir() and not (out / "results.jsonl").is_file():
+            raise MtppError(
+                f"{out}: not an experiment's results folder (no runs/ or results.jsonl); "
+                "choose another --output"
+            )
+
+
+def load_done(out: Path) -> dict[str, dict]:
+    """The recorded runs (runs/<id>.json); an unreadable record is dropped with a warning, so
+    that its run is done again."""
+    done = {}
+    for p in sorted((out / "runs").glob("*.json")):
+        try:
+            rec = json.loads(p.read_text())
+            if not isinstance(rec, dict) or rec.get("id") != p.stem or "status" not in rec:
+                raise ValueError("not a run record")
+        except (OSError, ValueError) as e:
+            reason = "empty" if p.stat().st_size == 0 else f"{type(e).__name__}"
+            warn(f"{p}: unreadable record ({reason}); that run is done again")
+            continue
+        done[p.stem] = rec
+    return done
+
+
+def repair_log(out: Path, done: dict[str, dict], redo: set[str]) -> None:
+    """Make results.jsonl agree with runs/: drop torn lines (Ctrl-C while appending) and the
+    lines of runs about to be done again, add recorded runs it misses; keep every other line."""
+    log = out / "results.jsonl"
+    kept, seen, torn, dropped = [], set(), 0, 0
+    if log.exists():
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                rid = json.loads(line)["id"]
+            except (ValueError, KeyError, TypeError):
+                torn += 1
+                continue
+            if rid in redo or rid in seen:
+                dropped += 1
+                continue
+            seen.add(rid)
+            kept.append(line)
+    if torn:
+        warn(f"{log}: dropped {torn} torn line(s); it lists the recorded runs again")
+    missing = [i for i in sorted(done) if i not in seen]
+    if not (torn or dropped or missing):
+        return
+    tmp = log.with_name(".results.jsonl.tmp")
+    with open(tmp, "w") as fh:
+        for line in kept + [json.dumps(done[i]) for i in missing]:
+            fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, log)
+
+
+def _record(out: Path, rec: dict) -> dict:
+    """Write one finished run: its plan (``_plan``, taken out of the record) and runs/<id>.json
+    atomically, then one line of results.jsonl. Returns the record as written."""
+    rec = dict(rec)
+    plan = rec.pop("_plan", None)
+    if plan is not None:
+        write_json_atomic(out / "plans" / f"{rec['id']}.json", plan)
+    write_json_atomic(out / "runs" / f"{rec['id']}.json", rec)
+    with open(out / "results.jsonl", "a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return rec
+
+
+# ---------------------------------------------------------------------- the runner
+def choose_backend(
+    cfg: ExperimentConfig, backend: str | None, address: str | None, jobs: int | None
+) -> tuple[str, str | None]:
+    """The backend and Ray address: the command line's, else the config's, else local. Refuses
+    options that belong to the other backend, and Ray when it is not installed."""
+    name = backend or cfg.backend or "local"
+    if name not in BACKENDS:
+        raise MtppError(f"--backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if address is None and (backend is None or backend == cfg.backend):
+        address = cfg.address
+    if name == "local" and address is not None:
+        raise MtppError("--address joins a Ray cluster: use it with --backend ray")
+    if name == "ray":
+        if jobs is not None:
+            raise MtppError(
+                "--jobs is for the local backend; on Ray each run asks for its CPUs "
+                "(a method's 'cpus:' in the config) and Ray runs as many as fit"
+            )
+        from solver.experiment_ray import require_ray
+
+        require_ray()
+    return name, address
 
 
 def run_experiment(
     config: str | Path,
     output: str | Path,
-    jobs: int = 1,
+    jobs: int | None = None,
     resume: bool = False,
     progress: bool = True,
+    backend: str | None = None,
+    address: str | None = None,
 ) -> list[dict]:
-    """Run (or resume) an experiment and write its reports; returns every record."""
-    cfg, base = load_config(config)
-    out = Path(output)
-    runs = expand(cfg, base)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    done = {p.stem: json.loads(p.read_text()) for p in (out / "runs").glob("*.json")}
-    if not resume and done:
-        raise MtppError(
-            f"{out} already holds {len(done)} results; pass --resume to continue "
-            "it, or choose another --output"
-        )
-    todo = [r for r in runs if r["id"] not in done]
-    cores = os.cpu_count() or 1
-    workers = max(1, cores // max(1, jobs))
-    from solver.progress import RunProgress
+    """Run (or resume) an experiment on the local process pool or on Ray and write its
+    reports; returns every record.
 
-    with (
-        RunProgress(progress, total=len(runs), done=len(runs) - len(todo)) as bar,
-        ProcessPoolExecutor(max_workers=max(1, jobs)) as pool,
-    ):
-        pending = {}
-        for r in todo:
-            gs = cfg.graphs[r["graph_index"]]
-            cl = cfg.clusters[r["cluster_index"]]
-            fut = pool.submit(
-                _execute, r, gs.model_dump(by_alias=True), cl, str(base), str(out), workers
+    Raises :class:`ExperimentInterrupted` on Ctrl-C, after recording what finished."""
+    cfg, base = load_config(config)
+    backend, address = choose_backend(cfg, backend, address, jobs)
+    bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
+    out = Path(output)
+    files = [graph_source(gs, base, bench)[1] for gs in cfg.graphs]
+    check_output(out, [Path(config), *[f for f in files if f is not None]], resume)
+    cores = os.cpu_count() or 1
+    jobs = 1 if jobs is None else jobs
+    if backend == "local" and jobs > cores:
+        warn(f"--jobs {jobs} is more than the {cores} cores of this machine; runs will be slower")
+    runs = expand(cfg, base)
+    if len(runs) > WARN_RUNS:
+        warn(f"{len(runs):,} runs in this experiment; this may take a long time")
+    from solver.experiment_progress import SweepProgress
+
+    if backend == "ray":
+        from solver.experiment_ray import RaySweep
+
+        session = RaySweep(cfg, base, bench, address)
+    else:
+        session = contextlib.nullcontext()
+    with session:
+        if backend == "ray":
+            session.check_cpus()  # before anything is written
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        done = load_done(out)
+        todo = [r for r in runs if r["id"] not in done]
+        repair_log(out, done, {r["id"] for r in todo})
+
+        def finish(r: dict, rec: dict) -> None:
+            """Record one finished run (Ctrl-C held back) and advance the progress bar."""
+            with _sigint_deferred():
+                done[r["id"]] = _record(out, rec)
+            bar.advance(
+                f"{r['graph']} k={rec.get('k')} {r['method']}: {rec['status']}",
+                failed=rec["status"] == ERROR,
             )
-            pending[fut] = r
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                r = pending.pop(fut)
-                try:
-                    rec = fut.result()
-                except Exception as e:  # a crash in one run must not lose the others
-                    rec = dict(
-                        r,
-                        status="ERROR",
-                        error=f"{type(e).__name__}: {e}",
-                        objective=None,
-                        lower_bound=None,
-                    )
-                write_json_atomic(out / "runs" / f"{r['id']}.json", rec)
-                with open(out / "results.jsonl", "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                done[r["id"]] = rec
-                bar.advance(f"{rec['graph']} k={rec.get('k')} {rec['method']}: {rec['status']}")
-    records = [done[r["id"]] for r in runs if r["id"] in done]
-    write_reports(records, out, cfg.name)
+
+        broken = False
+        with SweepProgress(progress, total=len(runs), done=len(runs) - len(todo)) as bar:
+            if backend == "ray":
+                interrupted = session.run(todo, out, finish)
+            else:
+                interrupted, broken = _run_pool(cfg, base, bench, out, todo, jobs, done, finish)
+        records = [_current(done[r["id"]], r) for r in runs if r["id"] in done]
+        with _sigint_deferred():
+            write_reports(records, out, cfg.name)
+    if interrupted:
+        raise ExperimentInterrupted(len(records), len(runs), out)
+    if broken:
+        raise MtppError(
+            f"a worker process died (killed, or out of memory?); {len(records)} of {len(runs)} "
+            f"runs are recorded in {out}; run again with --resume (and fewer --jobs) to continue"
+        )
     return records
 
 
-# ---------------------------------------------------------------------- reports
-def _instance(r: dict) -> tuple:
-    return (r["graph"], r.get("cluster"), r.get("k"))
+def _run_pool(
+    cfg: ExperimentConfig,
+    base: Path,
+    bench: Path,
+    out: Path,
+    todo: list[dict],
+    jobs: int,
+    done: dict[str, dict],
+    finish: Callable[[dict, dict], None],
+) -> tuple[bool, bool]:
+    """The local backend: ``todo`` on a pool of ``jobs`` processes; every result goes to
+    ``finish``. Returns (interrupted, a worker died)."""
+    cores = os.cpu_count() or 1
+    specs = {m.label or m.name: m for m in cfg.method_specs()}
+    interrupted = broken = False
+    procs = max(1, min(jobs, len(todo)))
+    pool = ProcessPoolExecutor(max_workers=procs, initializer=_ignore_sigint)
+    pending: dict[Future, dict] = {}
+
+    def collect(fut: Future, r: dict) -> None:
+        try:
+            rec = fut.result()
+        except BrokenProcessPool:
+            raise  # a worker died (killed, out of memory): no run is to blame for sure
+        except Exception as e:  # a crash in one run must not lose the others
+            rec = failed(r, f"{type(e).__name__}: {e}")
+        finish(r, rec)
+
+    try:
+        for r in todo:
+            gs = cfg.graphs[r["graph_index"]]
+            cl = cfg.clusters[r["cluster_index"]]
+            workers = specs[r["method"]].cpus or max(1, cores // max(1, jobs))
+            args = (r, gs.model_dump(by_alias=True), cl, str(base), str(bench), str(out))
+            pending[pool.submit(_execute, *args, workers)] = r
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                collect(fut, pending[fut])
+                del pending[fut]
+    except KeyboardInterrupt:
+        interrupted = True
+        with _sigint_deferred():
+            for fut in pending:
+                fut.cancel()
+            for fut, r in list(pending.items()):
+                ok = fut.done() and not fut.cancelled() and fut.exception() is None
+                if ok and r["id"] not in done:
+                    collect(fut, r)  # finished while we were interrupted: keep it
+            _stop_pool(pool)
+    except BrokenProcessPool:
+        broken = True
+        _stop_pool(pool)
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    return interrupted, broken
 
 
-def enrich(records: list[dict]) -> list[dict]:
-    """Add gap to the best proven bound and ratio to the exact optimum where known."""
-    best_lb: dict[tuple, float] = {}
-    exact: dict[tuple, float] = {}
-    for r in records:
-        key = _instance(r)
-        if r.get("lower_bound") is not None:
-            best_lb[key] = max(best_lb.get(key, -math.inf), r["lower_bound"])
-        if r.get("status") == "OPTIMAL" and r.get("objective") is not None:
-            exact[key] = min(exact.get(key, math.inf), r["objective"])
-        if r.get("known_optimum"):
-            exact.setdefault(key, r["known_optimum"])
-    out = []
-    for r in records:
-        key = _instance(r)
-        obj = r.get("objective")
-        row = dict(r)
-        row["best_bound"] = best_lb.get(key)
-        row["gap_to_best_bound"] = (
-            (obj - best_lb[key]) / obj if obj and key in best_lb and obj > 0 else None
-        )
-        row["exact_optimum"] = exact.get(key)
-        row["ratio_to_exact"] = obj / exact[key] if obj and exact.get(key) else None
-        out.append(row)
-    return out
-
-
-CSV_COLUMNS = [
-    "graph",
-    "nodes",
-    "k",
-    "cluster",
-    "method",
-    "seed",
-    "repeat",
-    "objective",
-    "lower_bound",
-    "gap_to_best_bound",
-    "exact_optimum",
-    "ratio_to_exact",
-    "wall_seconds",
-    "status",
-    "error",
-]
-
-
-def write_reports(records: list[dict], out: Path, name: str = "experiment") -> None:
-    """results.csv, summary.md and the PNG plots (each written atomically)."""
-    rows = enrich(records)
-    tmp = out / ".results.csv.tmp"
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c) for c in CSV_COLUMNS})
-    os.replace(tmp, out / "results.csv")
-    text = summary_markdown(rows, name)
-    (out / ".summary.md.tmp").write_text(text)
-    os.replace(out / ".summary.md.tmp", out / "summary.md")
-    plot_results(rows, out)
-
-
-def geomean(values: list[float]) -> float | None:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
-
-
-def summary_markdown(rows: list[dict], name: str) -> str:
-    """The heuristic-versus-exact table: geometric-mean ratio to the exact optimum per method
-    and k, with how many instances it covers, and the mean wall time."""
-    methods = sorted({r["method"] for r in rows})
-    ks = sorted({r["k"] for r in rows if r.get("k") is not None})
-    lines = [
-        f"# {name}: heuristics against the exact optimum",
-        "",
-        "Geometric-mean ratio of each method's objective to the exact optimum (1.0000 is "
-        "optimal), over the instances with a known optimum; n = instances.",
-        "",
-    ]
-    lines.append("| method | " + " | ".join(f"k={k}" for k in ks) + " | all | mean wall s |")
-    lines.append("|---|" + "---|" * (len(ks) + 2))
-    for m in methods:
-        cells = []
-        for k in ks + [None]:
-            sel = [
-                r["ratio_to_exact"]
-                for r in rows
-                if r["method"] == m and (k is None or r.get("k") == k) and r.get("ratio_to_exact")
-            ]
-            gm = geomean(sel)
-            cells.append(f"{gm:.4f} (n={len(sel)})" if gm else "-")
-        walls = [r["wall_seconds"] for r in rows if r["method"] == m and r.get("wall_seconds")]
-        cells.append(f"{sum(walls) / len(walls):.2f}" if walls else "-")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    status = {}
-    for r in rows:
-        status.setdefault(r["method"], {}).setdefault(r["status"], 0)
-        status[r["method"]][r["status"]] += 1
-    lines += ["", "| method | statuses |", "|---|---|"]
-    for m in methods:
-        lines.append(
-            f"| {m} | " + ", ".join(f"{s} {c}" for s, c in sorted(status[m].items())) + " |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _save_figure(fig, path: Path) -> None:
-    """Save a matplotlib figure atomically (temporary file, then rename) and close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
-
-
-def plot_results(rows: list[dict], out: Path) -> None:
-    """ratio_by_method.png (ratio to exact by method and k) and time_vs_size.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = sorted({r["method"] for r in rows})
-    ks = sorted({r["k"] for r in rows if r.get("k") is not None})
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(1, len(ks))
-    for j, k in enumerate(ks):
-        vals = [
-            geomean(
-                [
-                    r["ratio_to_exact"]
-                    for r in rows
-                    if r["method"] == m and r.get("k") == k and r.get("ratio_to_exact")
-                ]
-            )
-            or float("nan")
-            for m in methods
-        ]
-        ax.bar([i + j * width for i in range(len(methods))], vals, width, label=f"k={k}")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(methods))], methods, rotation=30)
-    ax.set_ylabel("objective / exact optimum (geo. mean)")
-    ax.legend(fontsize=8)
-    _save_figure(fig, out / "ratio_by_method.png")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for m in methods:
-        pts = [
-            (r["nodes"], r["wall_seconds"])
-            for r in rows
-            if r["method"] == m and r.get("nodes") and r.get("wall_seconds")
-        ]
-        if pts:
-            xs, ys = zip(*sorted(pts), strict=True)
-            ax.plot(xs, ys, "o-", label=m, markersize=4)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("nodes")
-    ax.set_ylabel("wall seconds")
-    ax.legend(fontsize=8)
-    _save_figure(fig, out / "time_vs_size.png")
+def _current(rec: dict, desc: dict) -> dict:
+    """A stored record with today's display names (labels are not part of the run id)."""
+    cluster = desc["cluster"]
+    if cluster == "file" and rec.get("cluster_name"):  # the cluster the graph file states
+        cluster = f"file:{rec['cluster_name']}"
+    return dict(rec, graph=desc["graph"], method=desc["method"], cluster=cluster)

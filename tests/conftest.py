@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
+from solver import benchdata
 from solver.cluster import Cluster
 from solver.graph import Graph
 
@@ -16,16 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 BENCH = SHARED / "benchmarks" / "dnn-partitioning" / "throughput-inputs"
 
-KNOWN_OPTIMA = {
-    "LayerGraphs/bert24_inference": (32, 6, 17.78990625),
-    "LayerGraphs/gnmt_inference": (96, 6, 32.910658203125),
-    "LayerGraphs/resnet50_inference": (177, 6, 34.2228515625),
-    "LayerGraphs/inceptionv3_inference": (326, 6, 52.2016),
-    "OperatorGraphs/bert_l-3_inference": (235, 3, 27.9185676799125),
-    "OperatorGraphs/bert_l-6_inference": (418, 3, 33.989101556140085),
-    "OperatorGraphs/bert_l-12_inference": (783, 6, 147.47798444934838),
-    "OperatorGraphs/resnet50_inference": (604, 6, 128.0735111041098),
-}
+KNOWN_OPTIMA = benchdata.KNOWN_OPTIMA  # key -> (nodes, k, optimum): the package's table
 
 
 def bench_path(key: str) -> Path:

@@ -56,7 +56,10 @@ def test_run_reports_and_resume(tmp_path):
         assert float(r["gap_to_best_bound"]) >= -1e-9
         if r["method"] == "cpsat":
             assert r["status"] == "OPTIMAL" and float(r["ratio_to_exact"]) == pytest.approx(1)
-    assert "| cpsat | 1.0000 (n=3)" in (out / "summary.md").read_text()
+        # the optimum comes from cpsat alone: only cpsat's own rows are marked as self-proved
+        assert r["exact_source"].startswith("OPTIMAL: cpsat")
+        assert r["exact_self_only"] == str(r["method"] == "cpsat")
+    assert "| cpsat | 1.0000 (n=3, 3 self)" in (out / "summary.md").read_text()
     for png in ("ratio_by_method.png", "time_vs_size.png"):
         assert (out / png).stat().st_size > 1000
     assert len(list((out / "plans").glob("*.json"))) == len(recs)

@@ -1,0 +1,278 @@
+"""Reports of an experiment: proven optima per instance, ratios and gaps, results.csv,
+summary.md and the PNG plots.
+
+The "exact optimum" of an instance (graph, cluster, k) comes only from a proof: an OPTIMAL
+record, the benchmark file's known optimum (at the file's k on the cluster the file states), or
+a plan whose objective meets another record's certified lower bound. The report says when the
+only proof comes from the method being compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+from solver import benchdata
+from solver.plan import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
+
+
+# ---------------------------------------------------------------------- exact optima
+def _instance(r: dict) -> tuple:
+    return (r.get("graph_key"), r.get("cluster_key"), r.get("k"))
+
+
+def _known(r: dict) -> float | None:
+    """The benchmark file's optimum, only for its own graph at its k on its own cluster."""
+    src = r.get("source") or {}
+    if "dnnpart" not in src or r.get("cluster_spec") != "file":
+        return None
+    return benchdata.known_optimum(src["dnnpart"], r.get("nodes"), r.get("k"))
+
+
+def _feasible(r: dict) -> bool:
+    return r.get("status") in (OPTIMAL, FEASIBLE) and r.get("objective") is not None
+
+
+def prove_optimum(recs: list[dict]) -> dict:
+    """The proven optimum of one instance from its records: value (or None), the proofs (each
+    the set of methods it rests on), their descriptions, and conflicts (proofs that disagree)."""
+    tol = OPTIMALITY_TOL
+    feas = [r for r in recs if _feasible(r)]
+    bounds = [r for r in recs if r.get("lower_bound") is not None and r.get("status") != ERROR]
+    optimal = [r for r in feas if r["status"] == OPTIMAL]
+    known = next((k for k in map(_known, recs) if k is not None), None)
+    conflicts = []
+    best = min(feas, key=lambda r: r["objective"], default=None)
+    top = max(bounds, key=lambda r: r["lower_bound"], default=None)
+    if best and top and top["lower_bound"] > best["objective"] * (1 + tol):
+        conflicts.append(
+            f"{top['method']}'s lower bound {top['lower_bound']:.10g} exceeds "
+            f"{best['method']}'s objective {best['objective']:.10g}"
+        )
+    values = [(r["objective"], r["method"]) for r in optimal]
+    if known is not None:
+        values.append((known, "the benchmark's known optimum"))
+    for v, who in values:
+        if best and best["objective"] < v * (1 - tol):
+            conflicts.append(f"{best['method']} found {best['objective']:.10g} < {who} {v:.10g}")
+        if top and top["lower_bound"] > v * (1 + tol):
+            conflicts.append(f"{top['method']}'s bound {top['lower_bound']:.10g} > {who} {v:.10g}")
+    # each proof is the set of methods whose claims it rests on (plans are re-evaluated, bounds
+    # and OPTIMAL statuses are claims); a row's method is checked independently when some
+    # proof does not rest on it
+    proof = {"value": None, "proofs": [], "kinds": [], "conflicts": conflicts}
+    if conflicts:
+        return proof
+    if optimal:
+        proof["value"] = min(r["objective"] for r in optimal)
+        proof["proofs"] += [{name} for name in {r["method_name"] for r in optimal}]
+        proof["kinds"].append("OPTIMAL: " + ", ".join(sorted({r["method"] for r in optimal})))
+    if known is not None:
+        proof["value"] = proof["value"] if proof["value"] is not None else known
+        proof["proofs"].append(set())
+        proof["kinds"].append("known optimum of the benchmark file")
+    if best and top and top["lower_bound"] >= best["objective"] * (1 - tol):
+        # a plan whose objective meets a certified lower bound is optimal; the plan itself is
+        # checked by the evaluator, so the proof rests on the bound's method alone
+        rests_on = {top["method_name"]}
+        if not any(p <= rests_on for p in proof["proofs"]):  # only when it is new evidence
+            if proof["value"] is None:
+                proof["value"] = best["objective"]
+            proof["proofs"].append(rests_on)
+            proof["kinds"].append(f"bound of {top['method']} meets plan of {best['method']}")
+    return proof
+
+
+def enrich(records: list[dict]) -> list[dict]:
+    """Add gap to the best proven bound, the proven optimum, its source, and the ratio."""
+    by_inst: dict[tuple, list[dict]] = {}
+    for r in records:
+        by_inst.setdefault(_instance(r), []).append(r)
+    proofs = {key: prove_optimum(recs) for key, recs in by_inst.items()}
+    out = []
+    for r in records:
+        key = _instance(r)
+        proof = proofs[key]
+        bounds = [x["lower_bound"] for x in by_inst[key] if x.get("lower_bound") is not None]
+        best_lb = max(bounds, default=None)
+        obj = r.get("objective") if _feasible(r) else None
+        row = dict(r)
+        row["best_bound"] = best_lb
+        row["gap_to_best_bound"] = (
+            (obj - best_lb) / obj if obj and best_lb is not None and obj > 0 else None
+        )
+        exact = proof["value"]
+        row["exact_optimum"] = exact
+        row["ratio_to_exact"] = obj / exact if obj and exact else None
+        row["exact_source"] = (
+            "; ".join(proof["kinds"])
+            if exact is not None
+            else ("CONFLICT: " + "; ".join(proof["conflicts"]) if proof["conflicts"] else None)
+        )
+        row["exact_self_only"] = exact is not None and all(
+            r.get("method_name") in p for p in proof["proofs"]
+        )
+        out.append(row)
+    return out
+
+
+CSV_COLUMNS = [
+    "graph",
+    "nodes",
+    "k",
+    "cluster",
+    "method",
+    "seed",
+    "repeat",
+    "objective",
+    "lower_bound",
+    "gap_to_best_bound",
+    "exact_optimum",
+    "ratio_to_exact",
+    "exact_source",
+    "exact_self_only",
+    "wall_seconds",
+    "status",
+    "error",
+    "id",
+]
+
+
+def write_reports(records: list[dict], out: Path, name: str = "experiment") -> None:
+    """results.csv, summary.md and the PNG plots (each written atomically)."""
+    rows = enrich(records)
+    tmp = out / ".results.csv.tmp"
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c) for c in CSV_COLUMNS})
+    os.replace(tmp, out / "results.csv")
+    text = summary_markdown(rows, name)
+    (out / ".summary.md.tmp").write_text(text)
+    os.replace(out / ".summary.md.tmp", out / "summary.md")
+    plot_results(rows, out)
+
+
+def geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def summary_markdown(rows: list[dict], name: str) -> str:
+    """The heuristic-versus-exact table: geometric-mean ratio to the proven optimum per method
+    and k, with how many instances it covers and how many of those only the method itself
+    proved, the mean wall time, the statuses, and any conflicting proofs."""
+    methods = sorted({r["method"] for r in rows})
+    ks = sorted({r["k"] for r in rows if r.get("k") is not None})
+    lines = [
+        f"# {name}: heuristics against the exact optimum",
+        "",
+        "Geometric-mean ratio of each method's objective to the proven optimum (1.0000 is "
+        "optimal), over the instances with one; n = instances. 'self' counts the instances "
+        "whose optimum only this method proved: a ratio of 1.0 there is not independent "
+        "evidence.",
+        "",
+    ]
+    lines.append("| method | " + " | ".join(f"k={k}" for k in ks) + " | all | mean wall s |")
+    lines.append("|---|" + "---|" * (len(ks) + 2))
+    for m in methods:
+        cells = []
+        for k in ks + [None]:
+            sel = [
+                r
+                for r in rows
+                if r["method"] == m and (k is None or r.get("k") == k) and r.get("ratio_to_exact")
+            ]
+            gm = geomean([r["ratio_to_exact"] for r in sel])
+            own = sum(1 for r in sel if r["exact_self_only"])
+            note = f", {own} self" if own else ""
+            cells.append(f"{gm:.4f} (n={len(sel)}{note})" if gm else "-")
+        walls = [r["wall_seconds"] for r in rows if r["method"] == m and r.get("wall_seconds")]
+        cells.append(f"{sum(walls) / len(walls):.2f}" if walls else "-")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    status: dict[str, dict[str, int]] = {}
+    for r in rows:
+        status.setdefault(r["method"], {}).setdefault(r["status"], 0)
+        status[r["method"]][r["status"]] += 1
+    lines += ["", "| method | statuses |", "|---|---|"]
+    for m in methods:
+        lines.append(
+            f"| {m} | " + ", ".join(f"{s} {c}" for s, c in sorted(status[m].items())) + " |"
+        )
+    insts = {_instance(r): r for r in rows}
+    proven = sum(1 for r in insts.values() if r["exact_optimum"] is not None)
+    lines += ["", f"Instances (graph, cluster, k): {len(insts)}; with a proven optimum: {proven}."]
+    conflicts = sorted(
+        {
+            (r["graph"], str(r.get("cluster")), str(r.get("k")), r["exact_source"])
+            for r in rows
+            if (r.get("exact_source") or "").startswith("CONFLICT")
+        }
+    )
+    if conflicts:
+        lines += ["", "Proofs that disagree (no optimum is used for these instances):", ""]
+        lines += [f"- {g} on {c}, k={k}: {src}" for g, c, k, src in conflicts]
+    return "\n".join(lines) + "\n"
+
+
+def _save_figure(fig, path: Path) -> None:
+    """Save a matplotlib figure atomically (temporary file, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
+def plot_results(rows: list[dict], out: Path) -> None:
+    """ratio_by_method.png (ratio to exact by method and k) and time_vs_size.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = sorted({r["method"] for r in rows})
+    ks = sorted({r["k"] for r in rows if r.get("k") is not None})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(ks))
+    for j, k in enumerate(ks):
+        vals = [
+            geomean(
+                [
+                    r["ratio_to_exact"]
+                    for r in rows
+                    if r["method"] == m and r.get("k") == k and r.get("ratio_to_exact")
+                ]
+            )
+            or float("nan")
+            for m in methods
+        ]
+        ax.bar([i + j * width for i in range(len(methods))], vals, width, label=f"k={k}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(methods))], methods, rotation=30)
+    ax.set_ylabel("objective / exact optimum (geo. mean)")
+    if ks:
+        ax.legend(fontsize=8)
+    _save_figure(fig, out / "ratio_by_method.png")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in methods:
+        pts = [
+            (r["nodes"], r["wall_seconds"])
+            for r in rows
+            if r["method"] == m and r.get("nodes") and r.get("wall_seconds")
+        ]
+        if pts:
+            xs, ys = zip(*sorted(pts), strict=True)
+            ax.plot(xs, ys, "o-", label=m, markersize=4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("wall seconds")
+    if any(ax.get_lines()):
+        ax.legend(fontsize=8)
+    _save_figure(fig, out / "time_vs_size.png")
