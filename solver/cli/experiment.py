@@ -98,7 +98,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     else:
         con = console()
         summary = (Path(args.output) / "summary.md").read_text().splitlines()
-        con.print("\n".join(esc(line) for line in summary))
+        con.print("\n".join(esc(line) for line in summary), soft_wrap=True)  # markdown rows
         con.print(
             f"{len(records)} runs; results in {esc(args.output)} (results.csv, summary.md, "
             "ratio_by_method.png, time_vs_size.png)"
