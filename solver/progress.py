@@ -1,4 +1,4 @@
-"""Progress of long solves and of batches of runs on stderr (rich).
+"""Progress of long solves on stderr (rich); experiment sweeps have solver/experiment_progress.py.
 
 A solve shows its incumbent, bound, gap, elapsed time and time limit. On a terminal that is
 one live line redrawn in place. Otherwise (a pipe, a log file, a CI job) it is plain lines:
@@ -209,47 +209,3 @@ class SolveProgress:
     def _tick_loop(self) -> None:
         while not self._stop.wait(TICK):
             self.tick()
-
-
-class RunProgress:
-    """A progress bar of finished runs on stderr (rich); a plain line per run when stderr is
-    not a terminal; silent when disabled."""
-
-    def __init__(self, enabled: bool, total: int, done: int = 0):
-        self.enabled = enabled and sys.stderr is not None
-        self.total, self.done = total, done
-
-    def __enter__(self) -> RunProgress:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._console = Console(stderr=True, highlight=False)
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self._console,
-                transient=False,
-            )
-            self._bar.__enter__()
-            self._task = self._bar.add_task("runs", total=self.total, completed=self.done)
-        return self
-
-    def advance(self, text: str) -> None:
-        self.done += 1
-        if self.enabled:
-            self._bar.update(self._task, advance=1, description=text[:60])
-            if not self._console.is_terminal:
-                self._console.print(f"[{self.done}/{self.total}] {text}")
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self._bar.__exit__(*exc)
