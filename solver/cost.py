@@ -10,6 +10,22 @@ Every number a solver reports is recomputed here (DESIGN.md, "The problem"):
 
 Everything is vectorised over nodes, tensors and parameters (one ``np.unique`` per term), so a
 100,000-node plan evaluates in well under a second (``benchmarks/bench_evaluate.py``).
+
+On a cluster with a topology that is not homogeneous (docs/clusters.md), block b runs on device
+``placement[b]`` (default b) and every term uses that device and its links:
+
+    work(S)     = sum of work(v) * compute / compute_d   (work is seconds on the reference device)
+    overflow(S) = max(0, params(S) + peak(S) - M_d) / B_mem;   valid when params + peak <= C_d
+    io_in(S)    = sum over received tensors t of size(t) / bandwidth(link(sender of t, d))
+    io_out(S)   = sum over sent tensors t and over the distinct link classes (bandwidth,
+                  latency) that lead from d to t's consumers of size(t) / bandwidth(class)
+
+A multicast tensor is sent once per distinct link class, not once per consumer and not once
+at the slowest rate: consumers behind the same kind of link share one send, as on a uniform
+cluster (where this is exactly the rule above), while a copy that leaves the host goes out on
+a different wire (NIC, gateway) and is paid separately at that wire's rate. Homogeneous
+clusters take the original code path, so their numbers are bit-for-bit those of a cluster
+without topology.
 """
 
 from __future__ import annotations
@@ -39,6 +55,7 @@ class Evaluation:
     bytes_in: np.ndarray
     bytes_out: np.ndarray
     nodes: np.ndarray
+    placement: np.ndarray | None = None  # device of each block, when one was given
 
     @property
     def objective(self) -> float:
@@ -76,6 +93,7 @@ class Evaluation:
                 "bytes_in": float(self.bytes_in[b]),
                 "bytes_out": float(self.bytes_out[b]),
             }
+            | ({} if self.placement is None else {"device": int(self.placement[b])})
             for b in range(self.k)
         ]
 
@@ -98,12 +116,50 @@ def check_assignment(g: Graph, assignment: np.ndarray, k: int) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
+def check_placement(cluster: Cluster, k: int, placement: object = None) -> np.ndarray | None:
+    """The device of each of the k blocks as an int array, or raise :class:`MtppError`.
+
+    ``placement[b]`` is the device running block b: distinct devices of the cluster. None
+    means block b on device b; it returns None for a homogeneous cluster (any k works, as
+    before), and refuses more blocks than devices on a heterogeneous one.
+    """
+    if placement is None:
+        if cluster.homogeneous:
+            return None
+        if k > cluster.devices:
+            raise MtppError(
+                f"the plan has {k} blocks but cluster {cluster.name!r} has {cluster.devices} "
+                "devices with their own memory, compute or links; use at most that many blocks"
+            )
+        return np.arange(k)
+    p = np.asarray(placement)
+    if p.shape != (k,) or not (np.issubdtype(p.dtype, np.integer) or p.size == 0):
+        raise MtppError(f"a placement must list one whole device number per block ({k} blocks)")
+    p = p.astype(np.int64)
+    bad = (p < 0) | (p >= cluster.devices)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise MtppError(
+            f"placement puts block {b} on device {int(p[b])}, but devices are "
+            f"0..{cluster.devices - 1}"
+        )
+    if len(np.unique(p)) != k:
+        raise MtppError("placement puts two blocks on the same device; give each its own")
+    return p
+
+
 def evaluate(
-    g: Graph, cluster: Cluster, assignment: np.ndarray, k: int | None = None
+    g: Graph,
+    cluster: Cluster,
+    assignment: np.ndarray,
+    k: int | None = None,
+    placement: object = None,
 ) -> Evaluation:
     """Block costs of a plan (``assignment[v]`` = block of node v, blocks 0..k-1).
 
-    Does not check precedence or capacity; see :func:`validate`.
+    ``placement[b]`` is the device running block b (default b; see :func:`check_placement`);
+    it matters only on a cluster that is not homogeneous. Does not check precedence or
+    capacity; see :func:`validate`.
 
     >>> from solver.graph import Graph
     >>> from solver.cluster import Cluster
@@ -114,6 +170,9 @@ def evaluate(
     """
     k = cluster.devices if k is None else k
     a = check_assignment(g, assignment, k)
+    dev = check_placement(cluster, k, placement)
+    if not cluster.homogeneous:
+        return _evaluate_on_topology(g, cluster, a, k, dev)
     B = cluster.link_bandwidth
 
     work = np.bincount(a, weights=g.work, minlength=k)
@@ -145,7 +204,50 @@ def evaluate(
     io_in = bytes_in / B
     io_out = bytes_out / B
     f = io_in + work + over + io_out
-    return Evaluation(k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes)
+    return Evaluation(
+        k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes, dev
+    )
+
+
+def _evaluate_on_topology(
+    g: Graph, cluster: Cluster, a: np.ndarray, k: int, dev: np.ndarray
+) -> Evaluation:
+    """:func:`evaluate` on a heterogeneous cluster (the rules of the module docstring)."""
+    memory, _, compute = cluster.device_arrays()
+    nodes = np.bincount(a, minlength=k)
+    work = np.bincount(a, weights=g.work, minlength=k) * (cluster.compute / compute[dev])
+
+    pt = g.pair_tensor
+    prod_block = a[g.t_producer]
+    cb = a[g.t_cons]
+    cross = cb != prod_block[pt]
+    bytes_in, bytes_out, io_in, io_out = (np.zeros(k) for _ in range(4))
+    if cross.any():
+        keys = np.unique(pt[cross] * k + cb[cross])  # (tensor, receiving block), each once
+        t_in, b_in = keys // k, keys % k
+        bw, lat = cluster.link_arrays(dev[prod_block[t_in]], dev[b_in])
+        size = g.t_size[t_in]
+        bytes_in = np.bincount(b_in, weights=size, minlength=k)
+        io_in = np.bincount(b_in, weights=size / bw, minlength=k)
+        # one send per (tensor, link class): consumers behind alike links share it
+        classes, cls = np.unique(np.stack([bw, lat], axis=1), axis=0, return_inverse=True)
+        sends = np.unique(t_in * len(classes) + cls.reshape(-1))
+        t_s, c_s = sends // len(classes), sends % len(classes)
+        src = prod_block[t_s]
+        bytes_out = np.bincount(src, weights=g.t_size[t_s], minlength=k)
+        io_out = np.bincount(src, weights=g.t_size[t_s] / classes[c_s, 0], minlength=k)
+
+    params = np.zeros(k)
+    if g.num_params:
+        keys = np.unique(g.pair_param * k + a[g.p_users])
+        params = np.bincount(keys % k, weights=g.p_size[keys // k], minlength=k)
+    peak = np.zeros(k)
+    np.maximum.at(peak, a, g.act)
+    over = np.maximum(0.0, params + peak - memory[dev]) / cluster.slow_memory_bandwidth
+    f = io_in + work + over + io_out
+    return Evaluation(
+        k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes, dev
+    )
 
 
 def _overflow(params: np.ndarray, peak: np.ndarray, cluster: Cluster) -> np.ndarray:
@@ -171,14 +273,17 @@ def validate(
     assignment: np.ndarray,
     k: int | None = None,
     limit: int = 20,
+    placement: object = None,
 ) -> list[Violation]:
     """Every reason (up to ``limit`` per kind) why a plan is invalid; empty when valid.
 
     Checks: each order edge goes to the same or a later block (acyclic quotient), co-location
-    groups share a block, and params + peak <= capacity C when the cluster has one.
+    groups share a block, and params + peak <= capacity C when the cluster has one (on a
+    heterogeneous cluster: the capacity of the device running the block, see ``placement``).
     """
     k = cluster.devices if k is None else k
     a = check_assignment(g, assignment, k)
+    dev = check_placement(cluster, k, placement)
     out: list[Violation] = []
     back = np.flatnonzero(a[g.e_src] > a[g.e_dst])
     for j in back[:limit]:
@@ -199,7 +304,9 @@ def validate(
         out.append(
             Violation("colocation", f"co-location group split across blocks ({where}{more})")
         )
-    if cluster.capacity is not None:
+    if not cluster.homogeneous:
+        out += _capacity_violations(g, cluster, a, k, dev)
+    elif cluster.capacity is not None:
         ev = evaluate(g, cluster, a, k)
         used = ev.params + ev.peak
         for b in np.flatnonzero(used > cluster.capacity * (1 + 1e-12)):
@@ -211,6 +318,25 @@ def validate(
                 )
             )
     return out
+
+
+def _capacity_violations(
+    g: Graph, cluster: Cluster, a: np.ndarray, k: int, dev: np.ndarray
+) -> list[Violation]:
+    """params + peak <= C of the device running each block (heterogeneous clusters)."""
+    _, capacity, _ = cluster.device_arrays()
+    ev = evaluate(g, cluster, a, k, dev)
+    used = ev.params + ev.peak
+    cap = capacity[dev]
+    return [
+        Violation(
+            "capacity",
+            f"block {b} on device {int(dev[b])} needs {used[b]:.6g} bytes (params "
+            f"{ev.params[b]:.6g} + peak {ev.peak[b]:.6g}) but that device's capacity is "
+            f"{cap[b]:.6g} bytes",
+        )
+        for b in np.flatnonzero(used > cap * (1 + 1e-12))
+    ]
 
 
 def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
@@ -228,6 +354,8 @@ def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
     from solver.graph import coarse_view
 
     k = cluster.devices if k is None else k
+    if not cluster.homogeneous:
+        return _lower_bound_on_topology(g, cluster, k)
     Bm = cluster.slow_memory_bandwidth
     M = cluster.fast_memory
     total = float(g.work.sum())
@@ -235,6 +363,37 @@ def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
         total += max(0.0, g.param_bytes_total + float(g.act.max()) - k * M) / Bm
     cg, _ = coarse_view(g)
     return max(total / k, float(node_bounds(cg, cluster).max()))
+
+
+def _lower_bound_on_topology(g: Graph, cluster: Cluster, k: int) -> float:
+    """:func:`lower_bound` on a heterogeneous cluster, valid for every placement of the k
+    blocks on k distinct devices.
+
+    - With speeds s_d = compute_d / compute, block b costs f_b >= work_b / s_b + over_b, so
+      sum_b s_b f_b >= total work + s_min * sum_b over_b, and max f >= that / (sum of the k
+      largest speeds); sum_b over_b >= max(0, all params + largest act - sum of the k
+      largest memories) / B_mem.
+    - The neighbourhood bound of every node on the most favourable device and link: work
+      divided by the largest speed, the largest fast memory, the fastest link.
+    """
+    from solver.graph import coarse_view
+
+    memory, _, compute = cluster.device_arrays()
+    if k > cluster.devices:
+        raise MtppError(
+            f"{k} blocks but cluster {cluster.name!r} has {cluster.devices} devices with their "
+            "own memory, compute or links; use at most that many blocks"
+        )
+    speed = np.sort(compute / cluster.compute)[::-1]
+    top_memory = float(np.sort(memory)[::-1][:k].sum())
+    total = float(g.work.sum())
+    if not math.isinf(top_memory):
+        excess = max(0.0, g.param_bytes_total + float(g.act.max()) - top_memory)
+        total += float(speed[-1]) * excess / cluster.slow_memory_bandwidth
+    fastest, speedup = cluster.relaxation()
+    cg, _ = coarse_view(g)
+    per_node = node_bounds(cg, fastest, speedup=speedup)
+    return max(total / float(speed[:k].sum()), float(per_node.max()))
 
 
 def own_param_bytes(g: Graph) -> np.ndarray:
@@ -245,11 +404,13 @@ def own_param_bytes(g: Graph) -> np.ndarray:
     return own
 
 
-def node_bounds(g: Graph, cluster: Cluster) -> np.ndarray:
-    """For every node v, a lower bound on f of any block containing v (see lower_bound)."""
+def node_bounds(g: Graph, cluster: Cluster, speedup: float = 1.0) -> np.ndarray:
+    """For every node v, a lower bound on f of any block containing v (see lower_bound);
+    ``speedup`` divides every work (a device that many times faster than the reference)."""
     n = g.n
     B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
-    lb = g.work.copy()
+    work = g.work if speedup == 1.0 else g.work / speedup
+    lb = work.copy()
     if not math.isinf(M):
         lb += np.maximum(0.0, own_param_bytes(g) + g.act - M) / Bm
     io = g.t_size / B
@@ -261,16 +422,14 @@ def node_bounds(g: Graph, cluster: Cluster) -> np.ndarray:
         keys, inv = np.unique(cons * n + prod, return_inverse=True)
         io_sum = np.bincount(inv, weights=io[pt], minlength=len(keys))
         v, p = keys // n, keys % n
-        np.add.at(lb, v, np.minimum(g.work[p], io_sum))
+        np.add.at(lb, v, np.minimum(work[p], io_sum))
         # outputs: per tensor, min(io, work of its consumers that are not also producers of
         # the same node's inputs); a node with several tensors gets the largest (no consumer
         # is credited twice)
         # consumer c of v's tensor is also a producer of v's inputs when (v, c) is a pair above
         pred_keys = np.unique(keys)
         is_pred = np.isin(prod * n + cons, pred_keys)
-        w_out = np.bincount(
-            pt, weights=np.where(is_pred, 0.0, g.work[cons]), minlength=g.num_tensors
-        )
+        w_out = np.bincount(pt, weights=np.where(is_pred, 0.0, work[cons]), minlength=g.num_tensors)
         per_tensor = np.minimum(io, w_out)
         best = np.zeros(n)
         np.maximum.at(best, g.t_producer, per_tensor)

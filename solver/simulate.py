@@ -22,9 +22,16 @@ be available within the same request's cycle (as in a 1F1B schedule, where the b
 activations of request r meet the forward pass of a later request); its transfer time is still
 paid on both devices.
 
-Everything the simulator needs is rebuilt here from the graph, node by node and tensor by
-tensor, independently of :mod:`solver.cost`; the test suite checks that the simulated period
-equals the evaluator's objective.
+On a cluster with a topology (docs/clusters.md), block b runs on device ``placement[b]``
+(default b): its operators take ``work * compute / compute_d``, it streams what exceeds that
+device's fast memory, a message takes the bandwidth and latency of the link between the two
+devices, and a tensor read on several devices is sent once per distinct link class (bandwidth,
+latency) among the links to them, the rule of :mod:`solver.cost`.
+
+Everything the simulator needs is rebuilt here from the graph and the cluster's per-pair
+:meth:`~solver.cluster.Cluster.link`, node by node and tensor by tensor, independently of
+:mod:`solver.cost`; the test suite checks that the simulated period equals the evaluator's
+objective.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from solver.cluster import Cluster
-from solver.cost import check_assignment, validate
+from solver.cost import check_assignment, check_placement, validate
 from solver.errors import MtppError
 from solver.graph import Graph
 
@@ -77,6 +84,7 @@ class DeviceProgram:
     stream: float = 0.0  # seconds streaming parameters from slow memory
     params: float = 0.0  # resident parameter bytes
     senders: set[int] = field(default_factory=set)  # devices it receives from
+    latency: dict[int, float] = field(default_factory=dict)  # sender -> link latency
 
     @property
     def t_recv(self) -> float:
@@ -134,32 +142,48 @@ class Simulation:
         }
 
 
-def device_programs(g: Graph, cluster: Cluster, a: np.ndarray, k: int) -> list[DeviceProgram]:
-    """Per device: incoming and outgoing messages, ops in topological order, streaming time."""
-    B = cluster.link_bandwidth
+def device_programs(
+    g: Graph, cluster: Cluster, a: np.ndarray, k: int, placement: np.ndarray | None = None
+) -> list[DeviceProgram]:
+    """Per block (pipeline stage): incoming and outgoing messages, ops in topological order,
+    streaming time, on the device ``placement[b]`` (default b) and its links."""
+    uniform = placement is None  # a homogeneous cluster: the cluster's own scalars
+    dev = list(range(k)) if uniform else [int(x) for x in placement]
+
+    def link(b1: int, b2: int) -> tuple[float, float]:
+        if uniform:
+            return (cluster.link_bandwidth, cluster.link_latency)
+        return cluster.link(dev[b1], dev[b2])
+
     progs = [DeviceProgram() for _ in range(k)]
     for v in g.topo_order.tolist():
-        progs[a[v]].ops.append((v, float(g.work[v])))
+        b = int(a[v])
+        w = float(g.work[v])
+        if not uniform and cluster.device_compute(dev[b]) != cluster.compute:
+            w = w * cluster.compute / cluster.device_compute(dev[b])
+        progs[b].ops.append((v, w))
     for t in range(g.num_tensors):
         p = int(g.t_producer[t])
         src = int(a[p])
         readers = sorted({int(a[c]) for c in g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]} - {src})
-        if not readers:
-            continue
-        sec = float(g.t_size[t]) / B
-        progs[src].send.append((t, sec))
+        size = float(g.t_size[t])
+        for bw, _ in sorted({link(src, d) for d in readers}):  # one send per link class
+            progs[src].send.append((t, size / bw))
         for d in readers:
-            progs[d].recv.append((t, sec))
+            bw, lat = link(src, d)
+            progs[d].recv.append((t, size / bw))
             progs[d].senders.add(src)
-    for d, prog in enumerate(progs):
-        members = np.flatnonzero(a == d)
+            progs[d].latency[src] = lat
+    for b, prog in enumerate(progs):
+        members = np.flatnonzero(a == b)
         if not len(members):
             continue
         used = np.unique(g.pair_param[np.isin(g.p_users, members)])
         prog.params = float(g.p_size[used].sum())
         peak = float(g.act[members].max())
-        if math.isfinite(cluster.fast_memory):
-            excess = prog.params + peak - cluster.fast_memory
+        memory = cluster.fast_memory if uniform else cluster.device_memory(dev[b])
+        if math.isfinite(memory):
+            excess = prog.params + peak - memory
             prog.stream = max(0.0, excess) / cluster.slow_memory_bandwidth
     return progs
 
@@ -205,30 +229,35 @@ def simulate(
     overlap: bool = False,
     latency: float | None = None,
     keep_timeline: int = 3,
+    placement: object = None,
 ) -> Simulation:
     """Push ``requests`` requests through the plan and measure it (see the module docstring).
 
-    All requests are available at time 0 to measure the steady-state period (throughput);
-    latency is then measured by releasing request r at r x period, the fastest rate the
-    pipeline sustains without a growing queue. Raises :class:`MtppError` for a latency that
-    is not a finite non-negative number or a run beyond :data:`MAX_EVENTS` steps.
+    ``placement[b]`` is the device running block b (default b); ``latency``, when given,
+    replaces the latency of every link. All requests are available at time 0 to measure the
+    steady-state period (throughput); latency is then measured by releasing request r at
+    r x period, the fastest rate the pipeline sustains without a growing queue. Raises
+    :class:`MtppError` for a latency that is not a finite non-negative number, a bad
+    placement, or a run beyond :data:`MAX_EVENTS` steps.
     """
     check_latency(latency)
-    check_simulation_size(cluster.devices, int(requests))
-    run = _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline, 0.0)
+    k = cluster.devices if placement is None else len(np.asarray(placement).reshape(-1))
+    check_simulation_size(k, int(requests))
+    dev = check_placement(cluster, k, placement)
+    args = (g, cluster, assignment, requests, mode, overlap, latency)
+    run = _run(*args, keep_timeline, 0.0, dev)
     if run.requests > 1 and run.period > 0:
-        paced = _run(g, cluster, assignment, requests, mode, overlap, latency, 0, run.period)
+        paced = _run(*args, 0, run.period, dev)
         run.latency_mean = paced.latency_mean
     return run
 
 
-def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline, interval):
+def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline, interval, dev):
     if mode not in ("pipelined", "sequential"):
         raise ValueError(mode)
-    k = cluster.devices
+    k = cluster.devices if dev is None else len(dev)
     a = check_assignment(g, assignment, k)
-    lat = cluster.link_latency if latency is None else latency
-    progs = device_programs(g, cluster, a, k)
+    progs = device_programs(g, cluster, a, k, dev)
     order = _device_order(progs, k)
     R = max(1, int(requests))
     # done[d][r]: when device d finished sending request r (its outputs are on the link)
@@ -242,7 +271,13 @@ def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline
     for r in range(R):
         for d in order:
             p = progs[d]
-            ready = max((send_end[s, r] + lat for s in p.senders), default=r * interval)
+            ready = max(
+                (
+                    send_end[s, r] + (p.latency[s] if latency is None else latency)
+                    for s in p.senders
+                ),
+                default=r * interval,
+            )
             ready = max(ready, r * interval)
             if mode == "sequential":
                 ready = max(ready, seq_free)
@@ -284,7 +319,7 @@ def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline
     half = R // 2
     period = (finish[-1] - finish[half]) / (R - 1 - half) if half < R - 1 else float(finish[-1])
     makespan = float(finish[-1])
-    bad = validate(g, cluster, a)
+    bad = validate(g, cluster, a, k, placement=dev)
     act_peak = np.array([liveness_peak(g, a, d, progs[d]) for d in range(k)])
     return Simulation(
         mode=mode,

@@ -41,7 +41,8 @@ def add_graph_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cluster",
         metavar="PRESET|FILE",
-        help="cluster preset name (ipu-m2000, ipu-pod, dgx-a100) or a cluster YAML file; "
+        help="cluster preset name (ipu-m2000, ipu-pod, ipu-pod16, dgx-a100, dgx-a100-x2) or a "
+        "cluster YAML file; "
         "default: what the graph file states, else the ipu-pod preset",
     )
     g.add_argument(
@@ -50,6 +51,12 @@ def add_graph_options(p: argparse.ArgumentParser) -> None:
         type=devices_arg,
         metavar="K",
         help="number of devices k (overrides the cluster)",
+    )
+    g.add_argument(
+        "--memory",
+        metavar="SIZE",
+        help="hard memory capacity C of every device, e.g. 40GB (overrides the cluster's "
+        "capacity for every method; fast memory M, which prices streaming, is unchanged)",
     )
     g.add_argument(
         "--dim",
@@ -108,7 +115,20 @@ def load_graph_and_cluster(args: argparse.Namespace):
         }
     g = load_graph(args.graph, **options)
     cluster = resolve_cluster(g, args.cluster, args.devices)
-    return g, cluster
+    return g, cluster.with_memory(memory_arg(args))
+
+
+def memory_arg(args: argparse.Namespace) -> float | None:
+    """``--memory SIZE`` in bytes (None when absent): a finite size > 0, e.g. 40GB."""
+    from solver.units import parse_quantity
+
+    text = getattr(args, "memory", None)
+    if text is None:
+        return None
+    size = parse_quantity(text, "bytes", "--memory")
+    if not 0 < size < math.inf:
+        raise MtppError(f"--memory must be a finite size > 0, e.g. --memory 40GB, got {text!r}")
+    return size
 
 
 PLAIN_WIDTH = 80  # columns of tables written to a pipe or a file
@@ -212,7 +232,7 @@ def plan_assignment(args, g, cluster):
         a, data = read_plan_assignment(g, args.plan)
     if args.cluster is None and isinstance(data.get("cluster"), dict):
         cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
-        cluster = cluster.with_devices(args.devices)
+        cluster = cluster.with_devices(args.devices).with_memory(memory_arg(args))
     if int(a.max()) + 1 > cluster.devices:
         raise MtppError(
             f"{args.plan}: the plan uses block {int(a.max())} but the cluster has "
