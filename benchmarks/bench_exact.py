@@ -27,6 +27,9 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--ks", default="2,4,8,16")
     ap.add_argument("--only", default=None, help="substring filter on graph keys")
+    ap.add_argument(
+        "--no-tie-break", action="store_true", help="skip the cheapest-cut tie-break stage"
+    )
     args = ap.parse_args()
     if args.suite == "file":
         runs = [(key, None) for key in KNOWN]
@@ -45,7 +48,8 @@ def main() -> int:
         g = load_graph(path(key))
         c = resolve_cluster(g, devices=k)
         t0 = time.perf_counter()
-        plan = solve(g, c, "cpsat", SolveOptions(time_limit=limit))
+        extra = {"tie_break": False} if args.no_tie_break else {}
+        plan = solve(g, c, "cpsat", SolveOptions(time_limit=limit, extra=extra))
         wall = time.perf_counter() - t0
         known = KNOWN.get(key) if k is None else None
         if plan is None:

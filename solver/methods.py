@@ -77,7 +77,7 @@ def _frac(lo_open: bool, hi_open: bool) -> OptionSpec:
 
 
 METHOD_OPTIONS: dict[str, dict[str, OptionSpec]] = {
-    "cpsat": {"cpsat_params": OptionSpec(dict)},
+    "cpsat": {"cpsat_params": OptionSpec(dict), "tie_break": OptionSpec(bool)},
     "slicegraph": {
         "population": _int(2, 100_000),
         "generations": _int(0),
@@ -366,6 +366,7 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
             gap=opts.gap,
             on_progress=prog.update if opts.progress else None,
             params=dict(opts.extra.get("cpsat_params", {})),
+            tie_break=bool(opts.extra.get("tie_break", True)),
         )
         prog.note("building the CP-SAT model")
         plan = solve_cpsat(g, cluster, hint, co)

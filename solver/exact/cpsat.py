@@ -13,9 +13,17 @@ Model (on the coarse graph where co-location groups and the cycles they create a
   capacity ``sum_q bytes(q) use[q,b] + peak[b] <= C``; overflow
   ``ov[b] >= (sum_q bytes(q) use[q,b] + peak[b] - M) / B_mem`` (and ``ov[b] >= 0``).
 - ``T >= f(b)`` for every block; minimise T. Redundant cuts: the work of blocks 0..b is at most
-  (b+1) T and of blocks b..k-1 at most (k-b) T; empty blocks come last (symmetry breaking).
+  (b+1) T and of blocks b..k-1 at most (k-b) T, and with overflow modelled work plus charged
+  parameter costs at most (b+1) (T + M S / B_mem); empty blocks come last (symmetry breaking).
 - A heuristic plan is the hint and ``T <= its cost`` an upper bound; node domains are then
-  narrowed by the work of ancestors and descendants (valid for every plan at most that cost).
+  narrowed by the work and the parameter bytes of ancestors and descendants (every plan at
+  most that cost keeps its nodes inside; proof in :meth:`_Model._blocks_needed`). On LLMs whose
+  weights overflow SRAM this is what makes the model small: the Llama-2-70B shape at k = 64
+  goes from 1.09 M variables (14 s to build, no branch in 60 s) to 82 k (3 s, searching
+  after 4-15 s). ``x`` has no variable of its own (see :meth:`_Model._add_variables`), the
+  hint is complete (CP-SAT starts from it) and big models get one presolve pass.
+- After the bottleneck, :mod:`solver.exact.tiebreak` picks, among plans no worse, the least
+  transferred bytes and then the lowest latency (``--set tie_break=false`` skips it).
 
 Integers: every time is multiplied by a scale S (the largest with every coefficient below 2^30
 and the total cost below 1e12) and rounded DOWN, so
@@ -43,6 +51,7 @@ from ortools.sat.python import cp_model
 from solver.cluster import Cluster
 from solver.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.errors import MtppError
+from solver.exact.tiebreak import TIE_BREAK_SHARE, tie_break, tie_break_budget
 from solver.graph import Graph, coarse_view
 from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
@@ -52,6 +61,7 @@ TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
 # optima (google/or-tools#5293; tests/test_exact.py keeps a 7-node case that showed it).
 MAX_COEF = 2**30
 BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
+BIG_MODEL_VARS = 50_000  # above this, one presolve pass (search starts 3x sooner, same result)
 
 
 @dataclass
@@ -60,6 +70,7 @@ class CpsatOptions:
     workers: int = 0
     seed: int = 0
     gap: float = 0.0
+    tie_break: bool = True  # at the same bottleneck, less transfer then lower latency
     log: bool = False
     on_progress: object = None  # callable(objective, bound, elapsed) in real units
     params: dict = field(default_factory=dict)  # extra CP-SAT parameters
@@ -89,6 +100,7 @@ class _Model:
         self.deadline = deadline
         self.m = cp_model.CpModel()
         self._choose_scale()
+        self.mass_first, self.mass_last, self.mf = self._masses()
         self._narrow_domains(upper)
         self._add_variables()
         self._add_order()
@@ -145,18 +157,23 @@ class _Model:
         self.io_int = np.floor(io * S).astype(np.int64)
 
     def _narrow_domains(self, upper: np.ndarray | None) -> None:
-        """Blocks each node can take in a plan no worse than ``upper``: the hint's integer cost
-        bounds the work before and after every node; order edges then propagate lo and hi."""
+        """Blocks each node can take in a plan no worse than ``upper`` (see :meth:`_masses`):
+        the hint's integer cost U bounds what the blocks before and after every node hold;
+        order edges then propagate lo and hi."""
         g, k, n = self.g, self.k, self.g.n
-        self.ub_int = None
+        self.ub_int = self.hint_int = None
         lo = np.zeros(n, dtype=np.int64)
         hi = np.full(n, k - 1, dtype=np.int64)
         if upper is not None:
-            self.ub_int = ub_int = int(self.block_costs_int(upper).max())
+            # every plan as good as the hint in real numbers has an integer cost at most
+            # floor(S * its cost): keep them all (the tie-break picks among them)
+            real = evaluate(g, self.cluster, upper).objective * (1 + 1e-12)
+            self.hint_int = int(self.block_costs_int(upper).max())
+            self.ub_int = ub_int = max(self.hint_int, math.floor(self.S * real))
             if ub_int > 0 and n <= CLOSURE_MAX_NODES:
-                anc, desc = _closure_work(g, self.w_int)
-                lo = np.maximum(0, -(-(anc + self.w_int) // ub_int) - 1)
-                hi = np.minimum(k - 1, k - (-(-(desc + self.w_int) // ub_int)))
+                need_before, need_after = self._blocks_needed(ub_int)
+                lo = np.maximum(0, need_before - 1)
+                hi = np.minimum(k - 1, k - need_after)
         self._tick()
         # an order edge (u, v) needs block(u) <= block(v): propagate the bounds along edges
         ptr, idx = g.pred
@@ -173,9 +190,58 @@ class _Model:
             lo = np.minimum(lo, hi)
         self.lo, self.hi = lo, hi
 
+    def _masses(self) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Per-node integer overflow coefficients for counting arguments: each parameter's
+        coef charged to one user (``first``: its first user in topological order, for
+        prefixes; ``last``: its last, for suffixes), and Mf; zeros and None without overflow.
+        A set of blocks holding node u uses every parameter charged to u."""
+        g = self.g
+        first = np.zeros(g.n, dtype=np.int64)
+        last = np.zeros(g.n, dtype=np.int64)
+        if not self.use_over:
+            return first, last, None
+        f = self.S / self.cluster.slow_memory_bandwidth  # the same numbers as _add_memory
+        coef = np.floor(g.p_size * f).astype(np.int64)
+        rank = g.topo_rank
+        for q in range(g.num_params):
+            users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]]
+            if len(users):
+                r = rank[users]
+                first[users[np.argmin(r)]] += int(coef[q])
+                last[users[np.argmax(r)]] += int(coef[q])
+        return first, last, int(math.ceil(self.cluster.fast_memory * f))
+
+    def _blocks_needed(self, ub: int) -> tuple[np.ndarray, np.ndarray]:
+        """Least number of blocks that must hold each node with its ancestors (``before``) and
+        with its descendants (``after``) in every plan of integer cost at most ``ub``.
+
+        Proof. Let A be a node with its ancestors; in a plan of cost <= ub where the node is in
+        block j - 1, blocks 0..j-1 hold A, so j * ub >= work(A) (integer work, rounded down).
+        With overflow modelled, each block's cost is at least its work plus
+        ov_b >= sum of coef(q) over its parameters - Mf (coef = floor(bytes * S / B_mem),
+        Mf = ceil(M * S / B_mem)); every parameter charged to a node of A is used by a block
+        < j, so j * ub >= work(A) + coef(A) - j * Mf, i.e. j >= (work(A) + coef(A)) / (ub + Mf).
+        The same holds for the blocks from the node's block to the last with its descendants.
+        No plan of cost <= ub is cut off, so the narrowed model keeps the proven bound valid.
+        """
+        first, last, mf = self.mass_first, self.mass_last, self.mf
+        w = self.w_int
+        anc, desc = _closure_sums(self.g, [w, first], [w, last])
+        aw, ap = anc[0] + w, anc[1] + first
+        dw, dp = desc[0] + w, desc[1] + last
+        before = -(-aw // ub)
+        after = -(-dw // ub)
+        if mf is not None:
+            den = ub + int(mf)
+            before = np.maximum(before, -(-(aw + ap) // den))
+            after = np.maximum(after, -(-(dw + dp) // den))
+        return before, after
+
     def _add_variables(self) -> None:
         """Block of every node in order encoding: le[v][b] = [block(v) <= b], monotone in b,
-        and x[v][b] = le[v][b] - le[v][b-1]; constants outside the node's domain."""
+        and x[v][b] = le[v][b] - le[v][b-1]: a constant outside the node's window, a literal at
+        its ends and a linear expression inside (no variable of its own: the model is about a
+        quarter smaller and CP-SAT's presolve faster; see :meth:`_is_literal`)."""
         m, k, lo, hi = self.m, self.k, self.lo, self.hi
         self.TRUE = TRUE = m.NewConstant(1)
         self.FALSE = FALSE = m.NewConstant(0)
@@ -198,11 +264,17 @@ class _Model:
                     x[v][b] = FALSE
                 elif lo[v] == hi[v]:
                     x[v][b] = TRUE
-                else:
-                    xv = m.NewBoolVar(f"x_{v}_{b}")
-                    prev = le[v][b - 1] if b >= 1 else FALSE
-                    m.Add(xv == le[v][b] - prev)
-                    x[v][b] = xv
+                elif b == lo[v]:
+                    x[v][b] = le[v][b]  # le[v][b-1] is false
+                elif b == hi[v]:
+                    x[v][b] = ~le[v][b - 1]  # le[v][b] is true
+                else:  # an expression, not a variable: one Boolean per (node, block) less
+                    x[v][b] = le[v][b] - le[v][b - 1]
+
+    def _is_literal(self, v: int, b: int) -> bool:
+        """True when x[v][b] is a constant or a literal (not an expression inside the window),
+        so that it can be used in implications."""
+        return not self.lo[v] < b < self.hi[v]
 
     def _add_order(self) -> None:
         """Order edges block(u) <= block(v) as le[v][b] => le[u][b]. After propagation
@@ -270,7 +342,11 @@ class _Model:
             return
         cap, M = self.cluster.capacity, self.cluster.fast_memory
         p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
-        act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
+        self._act_b = act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
+        f = self.S / self.cluster.slow_memory_bandwidth
+        self._act_t = act_t = np.floor(g.act * f).astype(np.int64)
+        self._coef_ov = coef = np.floor(g.p_size * f).astype(np.int64)
+        self._mf_ov = int(math.ceil(M * f)) if self.use_over else 0
         for q in range(g.num_params):
             self._tick(q)
             users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
@@ -278,33 +354,36 @@ class _Model:
                 uq = m.NewBoolVar(f"use_{q}_{b}")
                 for u in users:
                     if lo[u] <= b <= hi[u]:
-                        m.AddImplication(x[u][b], uq)
+                        if self._is_literal(u, b):
+                            m.AddImplication(x[u][b], uq)
+                        else:
+                            m.Add(uq >= x[u][b])
                 self.use[q, b] = uq
+        by_block: list[list[tuple[int, object]]] = [[] for _ in range(k)]
+        for (q, b), var in self.use.items():
+            by_block[b].append((q, var))
         for b in range(k):
             self._tick()
-            members = [v for v in range(g.n) if lo[v] <= b <= hi[v]]
+            members = np.flatnonzero((lo <= b) & (b <= hi)).tolist()
             pk = m.NewIntVar(0, int(act_b.max()), f"peak_{b}")
             for v in members:
                 if act_b[v] > 0:
                     m.Add(pk >= int(act_b[v]) * x[v][b])
             self.peak_b[b] = pk
-            pterms = [(int(p_bytes[q]), var) for (q, bb), var in self.use.items() if bb == b]
+            pterms = [(int(p_bytes[q]), var) for q, var in by_block[b]]
             if self.use_cap:
                 m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
             if self.use_over:
-                f = self.S / self.cluster.slow_memory_bandwidth
-                act_t = np.floor(g.act * f).astype(np.int64)
                 pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
                 for v in members:
                     if act_t[v] > 0:
                         m.Add(pt >= int(act_t[v]) * x[v][b])
                 self.peak_t[b] = pt
-                coef = np.floor(g.p_size * f).astype(np.int64)
                 hi_ov = int(coef.sum() + act_t.max())
                 ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
                 self.ov_hi.append(hi_ov)
-                over_terms = [(int(coef[q]), var) for (q, bb), var in self.use.items() if bb == b]
-                m.Add(ov >= _wsum(over_terms) + pt - int(math.ceil(M * f)))
+                over_terms = [(int(coef[q]), var) for q, var in by_block[b]]
+                m.Add(ov >= _wsum(over_terms) + pt - self._mf_ov)
                 self.ov[b] = ov
                 self.terms[b].append((1, ov))
 
@@ -313,28 +392,39 @@ class _Model:
         m = self.m
         max_f = int(self.w_int.sum() + 2 * self.io_int.sum())
         max_f += sum(self.ov_hi)
-        self.T = T = m.NewIntVar(0, max(1, max_f), "T")
+        self.T = T = m.NewIntVar(0, max(1, max_f, self.ub_int or 0), "T")
         for b in range(self.k):
             m.Add(_wsum(self.terms[b]) <= T)
         # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
         # (clamped to the hint's integer cost, which rounding can put a few units lower)
         lb_int = int(math.floor(lower_bound(self.g, self.cluster) * self.S * (1 - 1e-12)))
-        if self.ub_int is not None:
-            lb_int = min(lb_int, self.ub_int)
+        if self.hint_int is not None:
+            lb_int = min(lb_int, self.hint_int)
         if lb_int > 0:
             m.Add(lb_int <= T)
         if self.ub_int is not None:
             m.Add(self.ub_int >= T)
 
     def _add_cuts(self) -> None:
-        """Redundant cuts: the work of blocks 0..b is at most (b+1) T, of b+1..k-1 (k-1-b) T."""
-        m, k, T, le = self.m, self.k, self.T, self.le
+        """Redundant cuts (constants folded): the work of blocks 0..b is at most (b+1) T, of
+        b+1..k-1 at most (k-1-b) T; with overflow modelled also work + charged parameter
+        costs <= (b+1) (T + Mf) and (k-1-b) (T + Mf) (the argument of :meth:`_blocks_needed`)."""
+        m, k, T, le, lo, hi = self.m, self.k, self.T, self.le, self.lo, self.hi
+        weights = [(self.w_int, self.w_int, 0)]
+        if self.mf is not None:
+            mf = int(self.mf)
+            weights.append((self.w_int + self.mass_first, self.w_int + self.mass_last, mf))
         for b in range(k - 1):
             self._tick()
-            pre = [(int(self.w_int[v]), le[v][b]) for v in range(self.g.n) if self.w_int[v]]
-            total_w = sum(c for c, _ in pre)
-            m.Add(_wsum(pre) <= (b + 1) * T)
-            m.Add(total_w - _wsum(pre) <= (k - 1 - b) * T)
+            done = hi <= b  # le[v][b] is TRUE: in blocks 0..b
+            free = np.flatnonzero((lo <= b) & (b < hi))
+            for wf, wl, extra in weights:
+                pre = [(int(wf[v]), le[v][b]) for v in free.tolist() if wf[v]]
+                before = int(wf[done].sum())
+                m.Add(_wsum(pre) + before <= (b + 1) * T + (b + 1) * extra)
+                pre_l = [(int(wl[v]), le[v][b]) for v in free.tolist() if wl[v]]
+                after = int(wl[~done].sum())
+                m.Add(after - _wsum(pre_l) <= (k - 1 - b) * T + (k - 1 - b) * extra)
 
     def _add_symmetry(self) -> None:
         """Symmetry breaking: used[b] = block b is non-empty; empty blocks come last."""
@@ -353,6 +443,15 @@ class _Model:
             m.AddImplication(self.used[b + 1], self.used[b])
 
     # ------------------------------------------------------------------ helpers
+    def size(self) -> dict:
+        """Variables and constraints of the built model (for stats and benchmarks)."""
+        proto = self.m.Proto()
+        return {
+            "model_variables": len(proto.variables),
+            "model_constraints": len(proto.constraints),
+            "model_window": round(float(np.mean(self.hi - self.lo + 1)), 2),
+        }
+
     def block_costs_int(self, a: np.ndarray) -> np.ndarray:
         """Integer block costs of a plan on this coarse graph (for the upper bound)."""
         g, k = self.g, self.k
@@ -388,8 +487,6 @@ class _Model:
             for b in range(k):
                 if id(self.le[v][b]) not in const:
                     m.AddHint(self.le[v][b], int(a[v] <= b))
-                if id(self.x[v][b]) not in const:
-                    m.AddHint(self.x[v][b], int(a[v] == b))
         for (t, b), var in self.send.items():
             p = g.t_producer[t]
             cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]
@@ -403,11 +500,30 @@ class _Model:
             m.AddHint(var, int(bool(np.any(a[users] == b))))
         for b in range(k):
             m.AddHint(self.used[b], int(bool(np.any(a == b))))
+        # a complete hint: CP-SAT then starts from it as a solution (an incomplete one was
+        # not used on the 70B at k = 64, which searched without any incumbent)
+        for b in range(k):
+            members = a == b
+            if self.peak_b[b] is not None:
+                m.AddHint(self.peak_b[b], int(self._act_b[members].max(initial=0)))
+            if self.peak_t[b] is not None:
+                pt = int(self._act_t[members].max(initial=0))
+                m.AddHint(self.peak_t[b], pt)
+                qs = np.unique(g.pair_param[members[g.p_users]])
+                m.AddHint(self.ov[b], max(0, int(self._coef_ov[qs].sum()) + pt - self._mf_ov))
+        m.AddHint(self.T, int(self.block_costs_int(a).max()))
 
     def read(self, solver: cp_model.CpSolver) -> np.ndarray:
+        """The block of every coarse node in the solver's solution."""
+        return self.read_values(solver.Value)
+
+    def read_values(self, value) -> np.ndarray:
+        """The block of every coarse node, from ``value(var)`` (a solver's or a callback's):
+        the first block b of its window with le[v][b] true."""
         a = np.empty(self.g.n, dtype=np.int64)
-        for v in range(self.g.n):
-            a[v] = next(b for b in range(self.k) if solver.Value(self.le[v][b]))
+        le = self.le
+        for v, (lo, hi) in enumerate(zip(self.lo.tolist(), self.hi.tolist(), strict=True)):
+            a[v] = next((b for b in range(lo, hi) if value(le[v][b])), hi)
         return a
 
 
@@ -419,40 +535,37 @@ def _wsum(pairs: list[tuple[int, object]]):
     return cp_model.LinearExpr.WeightedSum(list(lits), list(coefs))
 
 
-def _closure_work(g: Graph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Total integer work of the strict ancestors and of the strict descendants of every node.
+def _closure_sums(
+    g: Graph, anc_weights: list[np.ndarray], desc_weights: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of each weight vector over the strict ancestors (rows of the first result) and
+    over the strict descendants (rows of the second) of every node.
 
     Uses bitsets over a topological order (Python ints as bitsets: exact and fast enough for
     thousands of nodes; networkx would build explicit sets per node).
     """
     order = g.topo_order.tolist()
-    ptr, idx = g.pred
-    anc = [0] * g.n
-    for v in order:
-        bits = 0
-        for u in idx[ptr[v] : ptr[v + 1]].tolist():
-            bits |= anc[u] | (1 << u)
-        anc[v] = bits
-    sptr, sidx = g.succ
-    desc = [0] * g.n
-    for v in reversed(order):
-        bits = 0
-        for u in sidx[sptr[v] : sptr[v + 1]].tolist():
-            bits |= desc[u] | (1 << u)
-        desc[v] = bits
     nbytes = (g.n + 7) // 8
-    w = np.asarray(w, dtype=np.int64)
 
-    def total(bits: int) -> int:  # the weight of the set bits, unpacked in C
-        flags = np.unpackbits(
-            np.frombuffer(bits.to_bytes(nbytes, "little"), np.uint8), bitorder="little"
-        )[: g.n]
-        return int(w[flags.astype(bool)].sum())
+    def sums(ptr: np.ndarray, idx: np.ndarray, seq: list[int], weights: list[np.ndarray]):
+        reach = [0] * g.n
+        for v in seq:
+            bits = 0
+            for u in idx[ptr[v] : ptr[v + 1]].tolist():
+                bits |= reach[u] | (1 << u)
+            reach[v] = bits
+        W = np.stack([np.asarray(x, dtype=np.int64) for x in weights])
+        out = np.empty((len(weights), g.n), dtype=np.int64)
+        for v, bits in enumerate(reach):  # the weight of the set bits, unpacked in C
+            flags = np.unpackbits(
+                np.frombuffer(bits.to_bytes(nbytes, "little"), np.uint8), bitorder="little"
+            )[: g.n].astype(bool)
+            out[:, v] = W[:, flags].sum(axis=1)
+        return out
 
-    return (
-        np.array([total(b) for b in anc], dtype=np.int64),
-        np.array([total(b) for b in desc], dtype=np.int64),
-    )
+    ptr, idx = g.pred
+    sptr, sidx = g.succ
+    return sums(ptr, idx, order, anc_weights), sums(sptr, sidx, order[::-1], desc_weights)
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -503,7 +616,8 @@ def solve_cpsat(
     p = solver.parameters
     # CP-SAT's presolve checks the clock coarsely and overruns on big models by about the time
     # it took to build them: reserve that too, so the whole solve keeps --time-limit
-    p.max_time_in_seconds = max(0.01, opts.time_limit - 2 * build_s)
+    search_s = max(0.01, opts.time_limit - 2 * build_s)
+    p.max_time_in_seconds = search_s * (1 - TIE_BREAK_SHARE) if opts.tie_break else search_s
     p.num_workers = opts.workers or os.cpu_count() or 1
     p.random_seed = opts.seed
     if opts.gap > 0:
@@ -513,6 +627,11 @@ def solve_cpsat(
     # then certifies wrong optima (google/or-tools#5293); our block-cost sums exceed 2^31, so
     # that presolve step is switched off (the issue reports it is often faster without it)
     p.presolve_inclusion_work_limit = 0
+    size = model.size()
+    if size["model_variables"] > BIG_MODEL_VARS:
+        # measured on Llama shapes: the first presolve pass does the work, the next ones
+        # cost 10-20 s more before the first branch and change neither plan nor bound
+        p.max_presolve_iterations = 1
     for key, val in opts.params.items():
         setattr(p, key, val)
     cb = _Progress(model.S, t0, opts.on_progress)
@@ -520,8 +639,9 @@ def solve_cpsat(
         solver.best_bound_callback = lambda bnd: opts.on_progress(
             cb.best, bnd / model.S, time.perf_counter() - t0
         )
+    t_search = time.perf_counter()
     status = solver.Solve(model.m, cb)
-    wall = time.perf_counter() - t0
+    search_s = time.perf_counter() - t_search
     stats = {
         "cpsat_status": solver.StatusName(status),
         "coarse_nodes": cg.n,
@@ -531,6 +651,7 @@ def solve_cpsat(
         "conflicts": solver.NumConflicts(),
         "workers": p.num_workers,
         "memory_modelled": model.use_mem,
+        **size,
     }
     if status == cp_model.INFEASIBLE:
         return None
@@ -550,9 +671,25 @@ def solve_cpsat(
             if worse or validate(g, cluster, a):
                 a = hint
                 stats["kept_hint"] = True
+    # the bound and status are this first stage's; the tie-break only picks among plans
+    # whose re-evaluated bottleneck is at most this plan's
+    bound_int = solver.BestObjectiveBound()
+    if not opts.tie_break:
+        stats["tie_break"] = {"summary": "tie-break skipped (tie_break=false)"}
+    else:
+        left = opts.time_limit - (time.perf_counter() - t0) - build_s
+        budget = min(left, tie_break_budget(opts.time_limit, search_s))
+        if budget > 0.05:
+            ca = np.empty(cg.n, dtype=np.int64)
+            ca[labels] = a
+            ca = np.searchsorted(np.unique(ca), ca)  # compact, as the hint (same costs)
+            params = {"num_workers": p.num_workers, "random_seed": opts.seed, **opts.params}
+            a, stats["tie_break"] = tie_break(model, g, labels, cluster, ca, budget, params)
+        else:
+            stats["tie_break"] = {"summary": "tie-break skipped: no time left"}
+    wall = time.perf_counter() - t0
     # the bound CP-SAT proved (whatever the status: also when the time ran out) in integer
     # units; divided by the scale it bounds the real problem (every cost rounded down)
-    bound_int = solver.BestObjectiveBound()
     stats["cpsat_bound_int"] = bound_int
     stats["cpsat_lower_bound"] = bound_int / model.S
     lb = max(lower_bound(g, cluster), bound_int / model.S)
