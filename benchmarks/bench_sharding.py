@@ -1,6 +1,6 @@
-"""Operator-level sharding (issue 12's acceptance numbers).
+"""Operator-level sharding (issues 12 and 13's acceptance numbers).
 
-    python benchmarks/bench_sharding.py          # both rows; --only propagate|verify
+    python benchmarks/bench_sharding.py          # every row; --only propagate|verify|exact
 
 1. Sharding propagation on a 24-layer BERT-large-shaped encoder (hidden 1024, 16 heads, FFN 4096,
    batch 8, sequence 128, vocabulary 30528: 30522 padded to a multiple of 64 as Megatron does,
@@ -9,12 +9,20 @@
    a second row configures one MatMul only.
 2. ``--verify`` of a 4-layer transformer (hidden 256, 8 heads, batch 8, sequence 64, random
    weights) on 8 emulated devices with the same configuration (target <= 30 s).
+3. The exact optimiser (``--method cpsat``) under a memory limit that forbids replicating the
+   weights: the BERT-large-shaped encoder on 8 devices (1 GB and 400 MB per device; the
+   replicated weights take 1.33 GB; target OPTIMAL or gap <= 1% in <= 60 s) and a 48-layer
+   GPT-2-XL-shaped decoder (hidden 1600, 25 heads, FFN 6400, vocabulary 50304, batch 4,
+   sequence 256; weights never materialised) on 16 devices, mesh 4x4, 4 GB per device (the
+   replicated weights take 6.5 GB; target gap <= 1% in <= 120 s); propagation (unconfigured),
+   data parallel and Megatron as ratios to the certified plan and to the bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -74,9 +82,47 @@ def run(model, conf: dict, devices: int, check: bool) -> dict:
     return row
 
 
+def exact_rows(name: str, model, devices: int, mesh, limit: str, time_limit: float) -> None:
+    """cpsat, then the heuristics as ratios to its plan and to its bound."""
+    from solver.errors import MtppError
+    from solver.sharding.solve import solve_sharding
+    from solver.units import parse_quantity
+
+    sm = from_proto(model, {})
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    ex = solve_sharding(sm, devices, mesh, "cpsat", limit, time_limit=time_limit)
+    wall = time.perf_counter() - t0
+    st = ex.stats
+    print(
+        f"{name}: {len(sm.ops)} ops, {devices} devices, mesh {mesh or devices}, --memory {limit}"
+        f" (load {load:.1f}): cpsat {ex.status} objective {ex.objective * 1e3:.4f} ms, bound "
+        f"{ex.lower_bound * 1e3:.4f} ms, gap {100 * ex.gap:.2f}%, {wall:.1f} s (Lagrangian "
+        f"{st.get('lagrange_seconds', 0):.1f} s, CP-SAT {st.get('cpsat_status', '-')} "
+        f"{st.get('solve_seconds', 0):.1f} s), memory "
+        f"{ex.program.memory_per_device / 1e6:.1f} MB, collectives {ex.program.collectives()}",
+        flush=True,
+    )
+    cap = parse_quantity(limit, "bytes")
+    for method in ("propagate", "dp", "megatron"):
+        try:
+            h = solve_sharding(sm, devices, mesh, method, None)
+        except MtppError as e:
+            print(f"  {method}: {e}")
+            continue
+        fits = h.program.memory_per_device <= cap
+        print(
+            f"  {method}: {h.objective * 1e3:.4f} ms = {h.objective / ex.objective:.3f} x cpsat "
+            f"(<= {h.objective / ex.lower_bound:.3f} x optimum), memory "
+            f"{h.program.memory_per_device / 1e6:.1f} MB"
+            + ("" if fits else f" > {limit}: does not fit"),
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--only", choices=["propagate", "verify"])
+    ap.add_argument("--only", choices=["propagate", "verify", "exact"])
     ap.add_argument("--devices", type=int, default=8)
     a = ap.parse_args()
     n = a.devices
@@ -94,6 +140,17 @@ def main() -> None:
         model = examples.transformer(layers=4, batch=8, seq=64, hidden=256, heads=8, vocab=1000)
         row = run(model, megatron(4, n), n, check=True)
         print(f"transformer 4 layers, {n} devices, --verify: {row}")
+    if a.only in (None, "exact"):
+        bert = examples.transformer(
+            layers=24, batch=8, seq=128, hidden=1024, heads=16, vocab=30528, weights=False
+        )
+        for limit in ("1GB", "400MB"):
+            exact_rows("BERT-large 24 layers", bert, 8, None, limit, 60.0)
+        gpt = examples.transformer(
+            layers=48, batch=4, seq=256, hidden=1600, heads=25, ffn_size=6400, vocab=50304,
+            weights=False, decoder=True,
+        )  # fmt: skip
+        exact_rows("GPT-2-XL-shaped 48 layers", gpt, 16, "4x4", "4GB", 120.0)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 - ``ffn``: the seed's FeedForward network: MatMul + Add, ReLU, MatMul + Add on [64, 64];
 - ``transformer``: encoder layers (LayerNorm, multi-head attention with Reshape/Transpose,
-  Softmax, a GELU feed-forward) over an embedding Gather, batch x seq x hidden;
+  Softmax, a GELU feed-forward) over an embedding Gather, batch x seq x hidden; ``--decoder``
+  makes it GPT-shaped (causal mask, final LayerNorm, language-model head);
 - ``mlp``: Gemm layers with ReLU between them;
 - ``convnet``: two Conv layers with pooling, Flatten and a Gemm classifier.
 
@@ -106,8 +107,12 @@ def transformer(
     ffn_size: int | None = None,
     vocab: int = 64,
     weights: bool = True,
+    decoder: bool = False,
 ):
-    """Embedding Gather, then ``layers`` pre-LN encoder layers; output [batch, seq, hidden]."""
+    """Embedding Gather, then ``layers`` pre-LN encoder layers; output [batch, seq, hidden].
+
+    ``decoder``: GPT-style instead: a causal mask added to the attention scores, and a final
+    LayerNorm plus a language-model head (a MatMul to the vocabulary); output the logits."""
     b = _Builder(seed, weights)
     ffn_size = ffn_size or 4 * hidden
     dh = hidden // heads
@@ -116,6 +121,9 @@ def transformer(
     shape3 = b.const("shape_bsh", [batch, seq, hidden], np.int64)
     scale = b.const("scale", 1.0 / np.sqrt(dh))
     half, one, rt2 = b.const("half", 0.5), b.const("one", 1.0), b.const("sqrt2", np.sqrt(2.0))
+    if decoder:
+        causal = np.triu(np.full((seq, seq), -1e4, dtype=np.float32), k=1)[None, None]
+        mask = b.const("causal_mask", causal)
     for i in range(layers):
         p = f"l{i}."
 
@@ -144,6 +152,8 @@ def transformer(
             qkv.append(b.node("Transpose", [y], p + t + ".transpose", perm=perm))
         s = b.node("MatMul", qkv[:2], p + "scores")
         s = b.node("Mul", [s, scale], p + "scale")
+        if decoder:
+            s = b.node("Add", [s, mask], p + "mask")
         s = b.node("Softmax", [s], p + "softmax", axis=-1)
         c = b.node("MatMul", [s, qkv[2]], p + "context")
         c = b.node("Transpose", [c], p + "context.transpose", perm=[0, 2, 1, 3])
@@ -157,11 +167,21 @@ def transformer(
         g = b.node("Mul", [y, g], p + "gelu.mul")
         g = b.node("Mul", [g, half], p + "gelu.half")
         h = b.node("Add", [h, dense(g, "ffn2", ffn_size, hidden)], p + "residual2")
+    out = [batch, seq, hidden]
+    if decoder:
+        h = b.node(
+            "LayerNormalization",
+            [h, b.weight("lnf.g", (hidden,), 0.1), b.weight("lnf.b", (hidden,), 0.1)],
+            "lnf",
+            axis=-1,
+        )
+        b.node("MatMul", [h, b.weight("lm_head.w", (hidden, vocab))], "lm_head")
+        out = [batch, seq, vocab]
     b.nodes[-1].output[0] = "y"
     return b.model(
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [batch, seq])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])],
-        "transformer",
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+        "decoder" if decoder else "transformer",
     )
 
 
@@ -200,6 +220,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--decoder", action="store_true", help="causal mask, final LN, LM head")
     p.add_argument("--no-weights", action="store_true")
     a = p.parse_args()
     w = not a.no_weights
@@ -210,7 +232,10 @@ def main() -> None:
     elif a.model == "mlp":
         m = mlp(a.seed, batch=a.batch, weights=w)
     else:
-        m = transformer(a.seed, a.layers, a.batch, a.seq, a.hidden, a.heads, weights=w)
+        m = transformer(
+            a.seed, a.layers, a.batch, a.seq, a.hidden, a.heads, vocab=a.vocab, weights=w,
+            decoder=a.decoder,
+        )  # fmt: skip
     onnx.save(m, a.out)
 
 

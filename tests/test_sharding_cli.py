@@ -246,12 +246,18 @@ def test_cli_human_table(ffn_files, capsys):
     assert "((2, 4), (4, 1))" in out and "ReduceScatter x1" in out and "memory per device" in out
 
 
-def test_cli_memory_limit_marks_the_plan_invalid(ffn_files, capsys):
+def test_cli_plan_over_the_memory_limit_is_refused(ffn_files, capsys):
+    """A propagate plan over --memory ends like the exact one: exit 2, one line naming the memory
+    it needs (weights + activation peak) and the limit."""
     d = ffn_files
-    main(["shard", str(d / "ffn.onnx"), "-k", "8", "--memory", "1KiB", "--json"])
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["status"] == "INVALID"
-    assert "more memory per device than the limit" in captured.err
+    argv = ["shard", str(d / "ffn.onnx"), "-k", "8", "--config", str(d / "ffn.yaml")]
+    assert_refused(
+        capsys,
+        [*argv, "--memory", "1KiB", "--json"],
+        r"the propagate plan needs .* per device \(weights .* \+ activation peak .*\) but the "
+        r"memory limit is 1 KiB \(1024 bytes\)",
+        watch=d,
+    )
 
 
 @pytest.mark.parametrize(

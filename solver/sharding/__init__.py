@@ -13,6 +13,7 @@ from solver.sharding.program import Planner, Program, evaluate
 from solver.sharding.propagate import propagate
 from solver.sharding.redistribute import Redistribution, Step, plan_redistribution
 from solver.sharding.rules import OpSharding, Spec, StrategyError
+from solver.sharding.solve import ShardResult, solve_sharding
 
 __all__ = [
     "Layout",
@@ -22,6 +23,7 @@ __all__ = [
     "Program",
     "Redistribution",
     "ShardModel",
+    "ShardResult",
     "Spec",
     "Step",
     "StrategyError",
@@ -31,4 +33,5 @@ __all__ = [
     "parse_mesh",
     "plan_redistribution",
     "propagate",
+    "solve_sharding",
 ]

@@ -74,8 +74,8 @@ def propagate(planner: Planner, configured: dict[str, Strategy]) -> dict[str, St
         if op.name in configured:
             settled[op.index] = planner.sharding(op.index, configured[op.name])
             queue.append(op.index)
-    for seed in range(len(sm.ops)):
-        if seed not in settled and not queue:
+    for seed in [None, *range(len(sm.ops))]:  # first the configured operators' components
+        if seed is not None and seed not in settled:
             settled[seed] = start(planner, seed)
             queue.append(seed)
         while queue:

@@ -121,7 +121,11 @@ def human_table(planner: Planner, program: Program, plan: dict):
 
     t = Table(title=f"mtpp shard: {esc(plan['model'])} on mesh {plan['mesh']['shape']}")
     for col in ("node", "op", "strategy", "local out shape", "compute", "communication"):
-        t.add_column(col, justify="right" if col in ("compute", "communication") else "left")
+        t.add_column(
+            col,
+            justify="right" if col in ("compute", "communication") else "left",
+            no_wrap=col == "strategy",  # a strategy is read whole (and searched for by tests)
+        )
     for row, sh in zip(plan["operators"], program.shardings, strict=True):
         t.add_row(
             esc(row["name"]),
