@@ -29,6 +29,8 @@ from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
 LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for its hint
 WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
+BOUND_SHARE = 0.15  # share of the time limit for the certified lower bounds (solver.bounds)
+BOUND_MAX_SECONDS = 10.0
 MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 MAX_WORKERS = 1024
 
@@ -514,7 +516,12 @@ def _widen(plan: Plan, g: Graph, cluster: Cluster) -> Plan:
 
 
 def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = None) -> Plan | None:
-    """Run ``method`` on graph ``g`` and cluster; None when no valid plan exists."""
+    """Run ``method`` on graph ``g`` and cluster; None when no valid plan exists.
+
+    The certified lower bounds of :mod:`solver.bounds` get a share of the time limit
+    (:data:`BOUND_SHARE`, at most :data:`BOUND_MAX_SECONDS`) and the method the rest; the plan
+    carries the larger of its method's own bound and the certified one (:func:`certify`).
+    """
     try:
         fn = METHODS[method]
     except KeyError:
@@ -523,14 +530,73 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     check_solve_options(opts)
     opts = replace(opts, extra=check_method_options(method, opts.extra))
     t0 = time.perf_counter()
-    if method == "manual":  # its device numbers come from the file
-        return fn(g, cluster, opts)
     cg, _ = coarse_view(g)
     k = min(cluster.devices, cg.n)
-    if k == 1:
+    if k == 1 and method != "manual":
         return _single_block(g, cluster, method, t0)
-    _check_memory(method, cg, k, opts.extra)
-    if k == cluster.devices:
-        return fn(g, cluster, opts)
-    plan = fn(g, cluster.with_devices(k), opts)
-    return None if plan is None else _widen(plan, g, cluster)
+    if method != "manual":
+        _check_memory(method, cg, k, opts.extra)
+    budget = min(BOUND_MAX_SECONDS, BOUND_SHARE * opts.time_limit)
+    rep = certified_bound(g, cluster, budget)
+    # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
+    # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
+    opts = replace(opts, time_limit=max(0.05, opts.time_limit - rep.seconds))
+    if method == "manual" or k == cluster.devices:  # manual: its device numbers come from the file
+        plan = fn(g, cluster, opts)
+    else:
+        plan = fn(g, cluster.with_devices(k), opts)
+        plan = None if plan is None else _widen(plan, g, cluster)
+    return None if plan is None else certify(g, cluster, plan, rep)
+
+
+def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
+    """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``). On a cluster whose
+    devices or links differ, only the universal bound, which holds for every placement of the
+    blocks on the devices (:func:`solver.cost.lower_bound`)."""
+    from solver.bounds import BoundReport, certified_lower_bound
+
+    if cluster.homogeneous:
+        return certified_lower_bound(g, cluster, time_limit=time_limit)
+    t0 = time.perf_counter()
+    value = float(lower_bound(g, cluster))
+    return BoundReport(value, "universal", {"universal": value}, time.perf_counter() - t0)
+
+
+def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
+    """``plan`` with the best proven bound: its method's own (an exact method's proof) or the
+    certified one, whichever is larger; ``stats["bound"]`` names the binding one. A plan the
+    method could not prove becomes OPTIMAL when the certified bound meets its objective.
+
+    The methods plan with the cluster-wide device values, so on a cluster whose devices or links
+    differ their own bounds are dropped (they price the cluster-wide values, not the real
+    devices) and a plan over some device's capacity is refused.
+    """
+    if not cluster.homogeneous:
+        bad = [v for v in validate(g, cluster, plan.assignment) if v.kind == "capacity"]
+        if bad:
+            raise MtppError(
+                f"{plan.method} planned with the cluster-wide memory and its plan does not fit "
+                f"this cluster's devices ({bad[0]}); per-device memory is not modelled by the "
+                "pipeline methods yet: use --memory to state the smallest device's capacity"
+            )
+    own = plan.lower_bound if cluster.homogeneous else None
+    if own is not None and own >= rep.value:
+        binding, bound, status = plan.method, own, plan.status
+        resolution = float(plan.stats.get("optimal_within", 0.0))
+    else:
+        binding, bound, status, resolution = rep.binding, rep.value, OPTIMAL, 0.0
+    stats = dict(plan.stats)
+    stats.pop("raw_lower_bound", None)
+    stats["bound"] = {"binding": binding, "value": bound, "certified": rep.to_dict()}
+    return make_plan(
+        g,
+        cluster,
+        plan.assignment,
+        plan.method,
+        lower_bound=bound,
+        status=status,  # make_plan keeps OPTIMAL only when the bound meets the objective
+        wall_seconds=plan.wall_seconds + rep.seconds,
+        stats=stats,
+        check=False,
+        resolution=resolution,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -56,10 +57,16 @@ def test_run_reports_and_resume(tmp_path):
         assert float(r["gap_to_best_bound"]) >= -1e-9
         if r["method"] == "cpsat":
             assert r["status"] == "OPTIMAL" and float(r["ratio_to_exact"]) == pytest.approx(1)
-        # the optimum comes from cpsat alone: only cpsat's own rows are marked as self-proved
-        assert r["exact_source"].startswith("OPTIMAL: cpsat")
-        assert r["exact_self_only"] == str(r["method"] == "cpsat")
-    assert "| cpsat | 1.0000 (n=3, 3 self)" in (out / "summary.md").read_text()
+        # cpsat proves every optimum; a heuristic whose plan meets the certified bound
+        # (solver.bounds) proves it too. Self-proved: this method is the only prover.
+        assert r["exact_source"].startswith("OPTIMAL: ")
+        provers = set(r["exact_source"].removeprefix("OPTIMAL: ").split(", "))
+        assert "cpsat" in provers
+        assert r["exact_self_only"] == str(provers == {r["method"]})
+    # every instance has a proven optimum; how many only cpsat proved depends on how far the
+    # certified bounds get within their time share, and is checked row by row above
+    summary = (out / "summary.md").read_text()
+    assert re.search(r"\| cpsat \| 1\.0000 \(n=3(, \d self)?\) \| 1\.0000 \(n=3", summary)
     for png in ("ratio_by_method.png", "time_vs_size.png"):
         assert (out / png).stat().st_size > 1000
     assert len(list((out / "plans").glob("*.json"))) == len(recs)

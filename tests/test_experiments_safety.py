@@ -346,7 +346,12 @@ def test_known_optimum_in_a_real_run(tmp_path):
     rows = {r["cluster_spec"]: r for r in ex.enrich(recs)}
     assert rows["file"]["k"] == 6 and rows["file"]["exact_optimum"] == 17.78990625
     assert rows["file"]["ratio_to_exact"] >= 1
-    assert rows["ipu-pod"]["exact_optimum"] is None
+    # the file's known optimum is for the file's cluster only: on ipu-pod an optimum can only
+    # come from a proof made there (the time split meeting the certified bound, if it does)
+    assert "known" not in str(rows["ipu-pod"].get("exact_source") or "")
+    if rows["ipu-pod"]["exact_optimum"] is not None:
+        assert rows["ipu-pod"]["status"] == OPTIMAL
+        assert rows["ipu-pod"]["exact_optimum"] == rows["ipu-pod"]["objective"]
 
 
 # ---------------------------------------------------------------------- paths
@@ -384,7 +389,7 @@ def test_paths_resolve_beside_the_config_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(benchdata.ENV_VAR, str(tmp_path / "nowhere"))  # the key wins
     monkeypatch.chdir(tmp_path)
     recs = ex.run_experiment(cfg, "out", progress=False)
-    assert [r["status"] for r in recs] == [FEASIBLE] * 3
+    assert len(recs) == 3 and all(r["status"] in (FEASIBLE, OPTIMAL) for r in recs)
     assert len(list((tmp_path / "out/models").glob("transformer-*.onnx"))) == 1
 
 

@@ -243,10 +243,10 @@ def test_float32_keeps_1e4_and_an_explicit_tolerance_wins(
     assert v["tolerance_per_output"] == {"y": 1e-4} and v["over_tolerance"] == ["y"]
     argv = ["export", model, plan, "--out", tmp_path / "o2", "--verify", "-k", "3"]
     assert main([str(x) for x in [*argv, "--tolerance", "0.01"]]) == 0
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())  # unwrap 80 columns
     assert "(tolerance 0.01) OK" in text
     assert main([str(x) for x in [*argv, "--force"]]) == 1
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())
     assert "(tolerance 0.0001, the default for the output type) MISMATCH" in text
     assert "y: max abs diff" in text and "exceeds its tolerance 0.0001" in text
 
@@ -266,7 +266,7 @@ def test_integer_outputs_are_compared_exactly_by_default(tmp_path, capsys):
     assert v["tolerance_per_output"] == {"y": 1e-4, "idx": 0.0}
     argv = ["export", model, plan, "--out", tmp_path / "o2", "--verify", "-k", "3"]
     assert main([str(x) for x in argv]) == 0
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())  # unwrap 80 columns
     assert "default tolerance by output type: 0.0001 for 1 output, exact for 1 output" in text
 
 

@@ -171,8 +171,38 @@ def test_evaluate_accepts_optimal_within_the_resolution(tmp_path, capsys):
 # ---------------------------------------------------------------- evaluate: recomputed vs claimed
 
 
+@pytest.fixture
+def universal_only(monkeypatch):
+    """The certified bounds replaced by the universal bound alone: on CHAIN it does not prove
+    the optimum (1.5 < 2.1), so the tests below see plans whose status rests on a claim."""
+    import solver.methods
+    from solver.bounds import BoundReport
+    from solver.cost import lower_bound
+
+    def universal(g, cluster, time_limit):
+        v = float(lower_bound(g, cluster))
+        return BoundReport(v, "universal", {"universal": v}, 0.0)
+
+    monkeypatch.setattr(solver.methods, "certified_bound", universal)
+
+
+def test_evaluate_recomputes_the_certified_bound(tmp_path, capsys):
+    """Without a claim to lean on, evaluate proves CHAIN's optimum itself: the certified bound
+    (a forced chain of three unit operators on two devices, plus the cut's io) meets 2.1."""
+    graph = write(tmp_path, "chain.json", CHAIN)
+    plan = tmp_path / "plan.json"
+    run(capsys, "solve", graph, "-m", "time", "--out", plan, "-q")
+    d = json.loads(plan.read_text())
+    d.pop("status"), d.pop("lower_bound")
+    plan.write_text(json.dumps(d))
+    code, out, _ = run(capsys, "evaluate", graph, plan, "--json")
+    e = json.loads(out)
+    assert code == 0 and e["status"] == OPTIMAL and e["status_source"] == "recomputed"
+    assert e["lower_bound"] == pytest.approx(2.1) and e["stats"]["bound"]["binding"] != "universal"
+
+
 @pytest.mark.parametrize("method, status", [("cpsat", OPTIMAL), ("slicegraph", FEASIBLE)])
-def test_solve_and_evaluate_agree(method, status, tmp_path, capsys):
+def test_solve_and_evaluate_agree(method, status, tmp_path, capsys, universal_only):
     graph = write(tmp_path, "chain.json", CHAIN)
     plan = tmp_path / "plan.json"
     code, out, _ = run(capsys, "solve", graph, "-m", method, "--out", plan, "--json")
@@ -187,7 +217,7 @@ def test_solve_and_evaluate_agree(method, status, tmp_path, capsys):
     assert e["status_source"] == ("claimed" if status == OPTIMAL else "recomputed")
 
 
-def test_a_claimed_bound_of_1e9_is_an_invalid_claim(tmp_path, capsys):
+def test_a_claimed_bound_of_1e9_is_an_invalid_claim(tmp_path, capsys, universal_only):
     graph = write(tmp_path, "chain.json", CHAIN)
     plan = tmp_path / "plan.json"
     run(capsys, "solve", graph, "--out", plan, "-q")
@@ -213,7 +243,7 @@ def test_a_claimed_bound_of_1e9_is_an_invalid_claim(tmp_path, capsys):
         ({"objective": 1.0}, "differs from the recomputed one"),
     ],
 )
-def test_claims_that_do_not_check_out(edit, why, tmp_path, capsys):
+def test_claims_that_do_not_check_out(edit, why, tmp_path, capsys, universal_only):
     graph = write(tmp_path, "chain.json", CHAIN)
     plan = tmp_path / "plan.json"
     run(capsys, "solve", graph, "--out", plan, "-q")

@@ -14,6 +14,7 @@ from solver.cli.common import (
     esc,
     fmt,
     formatter,
+    input_paths,
     load_graph_and_cluster,
     plan_assignment,
     print_json,
@@ -41,7 +42,12 @@ def add_solve_parser(sub) -> None:
     )
     p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
     p.add_argument(
-        "--method", "-m", default="cpsat", choices=list(METHODS), help="solver (default cpsat)"
+        "--method",
+        "-m",
+        default="cpsat",
+        choices=list(METHODS),
+        metavar="METHOD",
+        help=f"solver: {', '.join(METHODS)} (default cpsat)",
     )
     p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
     s = p.add_argument_group("search")
@@ -211,7 +217,12 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     from solver.plan import OPTIMAL, OPTIMALITY_TOL, bound_exceeds, optimal_within
 
     def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return False
+        try:
+            return math.isfinite(x)
+        except OverflowError:  # an integer too large for a float
+            return False
 
     status, bound, obj = data.get("status"), data.get("lower_bound"), data.get("objective")
     res = data.get("optimal_within")
@@ -253,18 +264,38 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     return out
 
 
+EVALUATE_BOUND_SECONDS = 2.0  # time for the certified bounds of a plan being evaluated
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from solver.cluster import cluster_from_dict
-    from solver.cost import lower_bound, validate
+    from solver.cost import validate
+    from solver.methods import certified_bound
     from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
 
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
     violations = validate(g, cluster, a)
     method = data.get("method") if isinstance(data.get("method"), str) else "given"
+    # the bound is recomputed (the certified bounds, as solve computes them); an invalid plan
+    # gets none, since bounds speak of valid plans only. OPTIMAL when the bound meets the plan.
+    rep = None if violations else certified_bound(g, cluster, EVALUATE_BOUND_SECONDS)
     plan = make_plan(
-        g, cluster, a, method, status=FEASIBLE, check=False, lower_bound=lower_bound(g, cluster)
+        g,
+        cluster,
+        a,
+        method,
+        status=FEASIBLE if rep is None else OPTIMAL,
+        check=False,
+        lower_bound=None if rep is None else rep.value,
     )
+    if rep is not None:
+        plan.stats["bound"] = {
+            "binding": rep.binding,
+            "value": rep.value,
+            "certified": rep.to_dict(),
+        }
+    proven = plan.status == OPTIMAL
     recorded = None
     if isinstance(data.get("cluster"), dict):
         try:
@@ -275,6 +306,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if violations:
         plan.status = INVALID
         claim["used"] = False
+    elif proven:
+        claim["used"] = False  # the recomputed bound proves the status; no claim is needed
     elif claim["used"]:
         plan.status = OPTIMAL
     bad_claim = claim["claim"].startswith("invalid")
@@ -333,8 +366,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.out:
         from solver.files import check_output_file
 
-        inputs = [args.graph] + ([args.sharding] if args.sharding else [])
-        check_output_file(args.out, inputs, "--out")
+        check_output_file(args.out, input_paths(args), "--out")
     g, cluster = load_graph_and_cluster(args)
     plan = solve(g, cluster, args.method, opts)
     if plan is None:
