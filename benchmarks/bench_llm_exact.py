@@ -68,6 +68,7 @@ else:
                gap=plan.gap, **{key: st.get(key) for key in (
                    "build_seconds", "branches", "model_variables", "model_constraints",
                    "cpsat_status", "warm_start_seconds", "tie_break")})
+    out["binding"] = (st.get("bound") or {}).get("binding")
 out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 print(json.dumps(out))
 """
@@ -105,7 +106,7 @@ def main() -> int:
     args = ap.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
     cols = ["case", "nodes", "variables", "constraints", "build s", "branches", "status"]
-    cols += ["objective", "bound", "gap", "tie-break", "wall s", "peak MB"]
+    cols += ["objective", "bound", "binding bound", "gap", "tie-break", "wall s", "peak MB"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for case in args.cases.split(","):
@@ -126,6 +127,7 @@ def main() -> int:
             r.get("status"),
             r.get("objective"),
             r.get("bound"),
+            r.get("binding"),
             None if gap is None else f"{100 * gap:.3g}%",
             tb.get("summary") if isinstance(tb, dict) else tb,
             r.get("wall"),

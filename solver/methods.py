@@ -583,8 +583,11 @@ def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
     if own is not None and own >= rep.value:
         binding, bound, status = plan.method, own, plan.status
         resolution = float(plan.stats.get("optimal_within", 0.0))
-    else:
-        binding, bound, status, resolution = rep.binding, rep.value, OPTIMAL, 0.0
+    else:  # a method's proof within its rounding resolution stays one under a larger bound
+        binding, bound, status = rep.binding, rep.value, OPTIMAL
+        resolution = float(plan.stats.get("optimal_within", 0.0)) if own is not None else 0.0
+        if plan.status != OPTIMAL:
+            resolution = 0.0
     stats = dict(plan.stats)
     stats.pop("raw_lower_bound", None)
     stats["bound"] = {"binding": binding, "value": bound, "certified": rep.to_dict()}

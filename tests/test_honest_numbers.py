@@ -139,6 +139,18 @@ def test_rounding_never_hides_a_cpsat_proof():
     assert make_plan(g, c, a, "x", lower_bound=lb, status=OPTIMAL, resolution=big).status == (
         FEASIBLE
     )
+    # a larger certified bound (still below the objective) must not undo that proof: the plan
+    # keeps OPTIMAL within the same resolution, with the certified bound as the binding one
+    from solver.bounds import BoundReport
+
+    mid = (plan.objective + plan.lower_bound) / 2
+    out = methods.certify(g, c, plan, BoundReport(mid, "chain io", {"chain io": mid}, 0.0))
+    assert out.status == OPTIMAL and out.lower_bound == mid
+    assert out.stats["optimal_within"] == res and out.stats["bound"]["binding"] == "chain io"
+    # ... while a plan its method did not prove is OPTIMAL only if the bound meets it (1e-6)
+    unproven = make_plan(g, c, a, "x", lower_bound=lb, status=FEASIBLE)
+    out = methods.certify(g, c, unproven, BoundReport(mid, "chain io", {"chain io": mid}, 0.0))
+    assert out.status == FEASIBLE and "optimal_within" not in out.stats
 
 
 def test_evaluate_accepts_optimal_within_the_resolution(tmp_path, capsys):
