@@ -9,7 +9,6 @@ nearest folder, the current one or a parent, with a ``pyproject.toml``).
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -29,8 +28,6 @@ KNOWN_OPTIMA: dict[str, tuple[int, int, float]] = {
     "OperatorGraphs/bert_l-12_inference": (783, 6, 147.47798444934838),
     "OperatorGraphs/resnet50_inference": (604, 6, 128.0735111041098),
 }
-# relative agreement expected with a table value (inceptionv3's is rounded to 4 decimals)
-KNOWN_TOLERANCE = 1e-6
 
 
 def project_root(start: Path | None = None) -> Path | None:
@@ -77,8 +74,3 @@ def known_optimum(key: str | None, nodes: int | None, k: int | None) -> float | 
     if entry is None or entry[0] != nodes or entry[1] != k:
         return None
     return entry[2]
-
-
-def agrees(a: float, b: float, tol: float = KNOWN_TOLERANCE) -> bool:
-    """Whether two optimum values agree within the relative tolerance ``tol``."""
-    return math.isclose(a, b, rel_tol=tol, abs_tol=1e-12)

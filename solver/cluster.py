@@ -32,6 +32,10 @@ DEFAULT_PRESET = "ipu-pod"
 # typo such as 100000 would exhaust memory instead of giving a useful plan.
 MAX_DEVICES = 1024
 MAX_NAME_CHARS = 1000  # as for node names (solver.graph.MAX_NAME_CHARS)
+# Slower rates or longer latencies are typing mistakes (1e-300 B/s, 1e300 s), and they make
+# times whose sums overflow or swallow every other term (a period of 0 after 1e300 s latency).
+MIN_RATE = 1e-6  # bytes/s or FLOP/s (toy clusters in tests use 0.5 B/s)
+MAX_LATENCY = 1e9  # seconds (31 years)
 
 
 Link = tuple[float, float]  # (bandwidth in bytes/s, latency in seconds)
@@ -96,12 +100,20 @@ class Topology:
             what = "topology.between" if name == "between" else f"group {name!r}: link"
             if not bw > 0:  # also refuses NaN
                 raise MtppError(f"{where}: {what} bandwidth must be > 0, got {bw}")
+            if bw < MIN_RATE:
+                raise MtppError(
+                    f"{where}: {what} bandwidth must be at least {MIN_RATE:g} B/s, got {bw:g}"
+                )
             if not 0 <= lat < math.inf:
                 raise MtppError(f"{where}: {what} latency must be finite and >= 0, got {lat}")
+            if lat > MAX_LATENCY:
+                raise MtppError(
+                    f"{where}: {what} latency must be at most {MAX_LATENCY:g} s, got {lat:g}"
+                )
         for key, ok, rule in (
             ("fast_memory", lambda v: v >= 0, ">= 0"),
             ("capacity", lambda v: v is None or 0 <= v < math.inf, ">= 0 and finite, or null"),
-            ("compute", lambda v: 0 < v < math.inf, "> 0 and finite"),
+            ("compute", lambda v: MIN_RATE <= v < math.inf, "> 0 and finite, at least 1e-06 FLOPS"),
         ):
             values = getattr(self, key)
             if values is None:
@@ -199,6 +211,11 @@ class Cluster:
             v = getattr(self, f)
             if not v > 0:  # also refuses NaN
                 raise MtppError(f"cluster {self.name!r}: {f} must be > 0, got {v}")
+            if v < MIN_RATE:
+                unit = "FLOPS" if f == "compute" else "B/s"
+                raise MtppError(
+                    f"cluster {self.name!r}: {f} must be at least {MIN_RATE:g} {unit}, got {v:g}"
+                )
         for f in ("fast_memory", "capacity"):
             v = getattr(self, f)
             if v is not None and not v >= 0:
@@ -207,6 +224,11 @@ class Cluster:
             raise MtppError(
                 f"cluster {self.name!r}: link_latency must be finite and >= 0, "
                 f"got {self.link_latency}"
+            )
+        if self.link_latency > MAX_LATENCY:
+            raise MtppError(
+                f"cluster {self.name!r}: link_latency must be at most {MAX_LATENCY:g} s, "
+                f"got {self.link_latency:g}"
             )
         if self.topology is not None:
             self.topology.check(f"cluster {self.name!r}", self.devices)

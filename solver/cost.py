@@ -192,14 +192,7 @@ def evaluate(
         sent = np.unique(pt[cross])
         bytes_out = np.bincount(prod_block[sent], weights=g.t_size[sent], minlength=k)
 
-    # parameters: stored once per block that uses them
-    params = np.zeros(k)
-    if g.num_params:
-        keys = np.unique(g.pair_param * k + a[g.p_users])
-        params = np.bincount(keys % k, weights=g.p_size[keys // k], minlength=k)
-
-    peak = np.zeros(k)
-    np.maximum.at(peak, a, g.act)
+    params, peak = _memory_terms(g, a, k)
     over = _overflow(params, peak, cluster)
     io_in = bytes_in / B
     io_out = bytes_out / B
@@ -237,17 +230,24 @@ def _evaluate_on_topology(
         bytes_out = np.bincount(src, weights=g.t_size[t_s], minlength=k)
         io_out = np.bincount(src, weights=g.t_size[t_s] / classes[c_s, 0], minlength=k)
 
+    params, peak = _memory_terms(g, a, k)
+    over = np.maximum(0.0, params + peak - memory[dev]) / cluster.slow_memory_bandwidth
+    f = io_in + work + over + io_out
+    return Evaluation(
+        k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes, dev
+    )
+
+
+def _memory_terms(g: Graph, a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: bytes of the parameters it stores (once per block that uses them) and its
+    activation peak (the largest single-op working set)."""
     params = np.zeros(k)
     if g.num_params:
         keys = np.unique(g.pair_param * k + a[g.p_users])
         params = np.bincount(keys % k, weights=g.p_size[keys // k], minlength=k)
     peak = np.zeros(k)
     np.maximum.at(peak, a, g.act)
-    over = np.maximum(0.0, params + peak - memory[dev]) / cluster.slow_memory_bandwidth
-    f = io_in + work + over + io_out
-    return Evaluation(
-        k, io_in, work, over, io_out, f, peak, params, bytes_in, bytes_out, nodes, dev
-    )
+    return params, peak
 
 
 def _overflow(params: np.ndarray, peak: np.ndarray, cluster: Cluster) -> np.ndarray:

@@ -84,21 +84,14 @@ def file_bundle(path: Path) -> dict:
 def _external_locations(path: Path) -> list[str]:
     """The relative locations of an ONNX model's external data (weights are not read)."""
     import onnx
-    from onnx import TensorProto
 
-    from solver.io.onnx_common import model_tensors
+    from solver.io.onnx_common import external_locations
 
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # a broken model: the worker's loader says what is wrong with it
         return []
-    locs = []
-    for t in model_tensors(model):
-        if t.data_location == TensorProto.EXTERNAL:
-            loc = {e.key: e.value for e in t.external_data}.get("location", "")
-            if loc and not os.path.isabs(loc) and loc not in locs:
-                locs.append(loc)
-    return locs
+    return [loc for loc in external_locations(model) if not os.path.isabs(loc)]
 
 
 def unpack(bundle: dict, folder: Path) -> Path:

@@ -254,10 +254,29 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _check_path_text(path: str | Path, what: str) -> None:
+    """Refuse an output path that is empty or has a name longer than the file system allows
+    (the write would fail only after the work is done)."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise MtppError(f"the {what} path is empty; give a file or folder name")
+    try:
+        limit = os.pathconf(".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in Path(text).parts:
+        if len(os.fsencode(part)) > limit:
+            raise MtppError(
+                f"{text[:40]}...: a name in the {what} path is longer than {limit} bytes; "
+                "choose a shorter name"
+            )
+
+
 def check_output_file(
     path: str | Path, inputs: list[str | Path] = (), what: str = "output"
 ) -> Path:
-    """Refuse an output file that is an input, a folder, under a file, or not writable.
+    """Refuse an output file that is an input, a folder, a device, under a file, or not
+    writable.
 
     Returns the path. An existing regular file may be replaced (the user named it as the
     output); the write itself must still go through a temporary name and a rename.
@@ -271,6 +290,9 @@ def check_output_file(
     ...
     solver.errors.MtppError: ...: the output would overwrite an input file; choose another name
     """
+    _check_path_text(path, what)
+    if os.fspath(path).endswith(("/", os.sep)):
+        raise MtppError(f"{path}: names a folder; give a file name for the {what}")
     path = Path(path)
     for x in inputs:
         x = Path(x)
@@ -280,6 +302,11 @@ def check_output_file(
             )
     if path.is_dir():
         raise MtppError(f"{path}: is a folder; give a file name for the {what}")
+    if path.exists() and not path.is_file():  # the rename would replace /dev/null itself
+        raise MtppError(
+            f"{path}: not a regular file (a device, pipe or socket); give a file name for the "
+            f"{what}"
+        )
     parent = path.parent
     for anc in (parent, *parent.parents):
         if anc.exists():
@@ -302,6 +329,7 @@ def check_output_dir(
     folder, one of its ancestors, a folder holding an input, or an input itself. A file of that
     name is never replaced by a folder. Returns the path (nothing is created or deleted here).
     """
+    _check_path_text(path, what)
     path = Path(path)
     full = path.resolve()
     cwd = Path.cwd().resolve()

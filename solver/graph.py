@@ -33,6 +33,9 @@ FloatArray = np.ndarray
 
 # Longest node, parameter or graph name a graph file may give (real ONNX names stay far below).
 MAX_NAME_CHARS = 1000
+# the largest work (seconds), size (bytes) or FLOP count of one node or weight: sums over any
+# graph stay finite and every table stays readable; 1e30 bytes is a million yottabytes
+MAX_AMOUNT = 1e30
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, nrows: int) -> tuple[IntArray, IntArray]:
@@ -152,6 +155,10 @@ class Graph:
             if not np.isfinite(b) or b < 0:
                 raise MtppError(
                     f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}"
+                )
+            if b > MAX_AMOUNT:
+                raise MtppError(
+                    f"parameter {pname!r}: bytes must be at most {MAX_AMOUNT:g}, got {b:g}"
                 )
             try:
                 us = np.unique(np.asarray(list(users), dtype=np.int64))
@@ -371,6 +378,9 @@ def _costs(values, n: int, names: Sequence[str], what: str) -> FloatArray:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise MtppError(f"node {names[i]!r}: {what} must be finite and >= 0, got {a[i]!r}")
+    if len(a) and a.max() > MAX_AMOUNT:
+        i = int(np.argmax(a))
+        raise MtppError(f"node {names[i]!r}: {what} must be at most {MAX_AMOUNT:g}, got {a[i]:g}")
     return a
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from solver.cluster import MAX_DEVICES, Cluster
 from solver.cost import Evaluation, evaluate, validate
 from solver.errors import MtppError
-from solver.files import read_json, write_json_atomic
+from solver.files import read_json, shown, write_json_atomic
 from solver.graph import Graph
 
 PLAN_FORMAT = "mtpp-plan"
@@ -199,7 +199,12 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
         raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
     if data.get("version") != PLAN_VERSION:
         raise MtppError(f"{path}: plan version {data.get('version')!r} is not supported")
-    fp = (data.get("graph") or {}).get("fingerprint")
+    graph = data.get("graph") or {}
+    if not isinstance(graph, dict):
+        raise MtppError(f"{path}: 'graph' must be a mapping with the graph's name and fingerprint")
+    fp = graph.get("fingerprint")
+    if fp is not None and not isinstance(fp, str):
+        raise MtppError(f"{path}: 'graph.fingerprint' must be a string, got {shown(fp)}")
     assign = data.get("assignment")
     if not isinstance(assign, dict):
         raise MtppError(f"{path}: 'assignment' must map node names to block numbers")
@@ -223,10 +228,10 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
     a = np.empty(g.n, dtype=np.int64)
     for name, b in assign.items():
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < MAX_DEVICES:
-            shown = repr(b) if len(repr(b)) < 40 else repr(b)[:37] + "..."
+            text = repr(b) if len(repr(b)) < 40 else repr(b)[:37] + "..."
             raise MtppError(
                 f"{path}: block of node {name!r} must be a whole number from 0 to "
-                f"{MAX_DEVICES - 1}, got {shown}"
+                f"{MAX_DEVICES - 1}, got {text}"
             )
         a[g.index[name]] = b
     return a, data

@@ -252,8 +252,29 @@ class _Processes:
             with contextlib.suppress(OSError):
                 q._reader.close()
             q.close()
-            q.join_thread()
+            _join_feeder(q)
         self.procs, self.queues, self.errors = [], [], None
+
+
+def _join_feeder(q, timeout: float = 5.0) -> None:
+    """End a closed queue's feeder thread without waiting forever.
+
+    A Ctrl-C that lands inside ``Condition.notify`` of ``Queue.put`` leaves a stale waiter at
+    the head of the condition (CPython's ``Condition`` is not interrupt-safe), so the close
+    marker's single ``notify`` wakes nobody and ``join_thread`` would wait forever (seen once
+    in about six Ctrl-Cs of ``mtpp run``). Wake every waiter until the thread ends; give up on
+    it after ``timeout`` (a daemon thread cannot keep the process alive).
+    """
+    thread = getattr(q, "_thread", None)
+    deadline = time.monotonic() + timeout
+    while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+        with q._notempty:
+            q._notempty.notify_all()
+        thread.join(0.1)
+    if thread is not None and thread.is_alive():
+        q.cancel_join_thread()
+    else:
+        q.join_thread()
 
 
 def _exit_reason(code: int) -> str:

@@ -61,17 +61,24 @@ def check_simulation_size(devices: int, requests: int) -> None:
     events = devices * requests
     if events > MAX_EVENTS:
         raise MtppError(
-            f"--requests {requests} on {devices} devices means {events:,} simulation steps "
+            f"--requests {requests} on {devices} device{'s' if devices != 1 else ''} means "
+            f"{events:,} simulation steps "
             f"(about {32 * events / 2**20:,.0f} MiB); at most {MAX_EVENTS:,}: use --requests "
             f"<= {max(1, MAX_EVENTS // max(1, devices)):,} (the period settles after a few "
             "hundred requests)"
         )
 
 
+MAX_LATENCY = 1e9  # seconds (31 years): above it the sums over requests overflow to inf
+
+
 def check_latency(latency: float | None) -> None:
-    """A link latency must be a finite number of seconds >= 0."""
-    if latency is not None and not (math.isfinite(latency) and latency >= 0):
-        raise MtppError(f"--latency must be a finite number of seconds >= 0, got {latency}")
+    """A link latency must be a finite number of seconds from 0 to :data:`MAX_LATENCY`."""
+    if latency is not None and not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY):
+        raise MtppError(
+            f"--latency must be a finite number of seconds >= 0, got {latency} (the largest "
+            f"accepted is {MAX_LATENCY:g})"
+        )
 
 
 @dataclass

@@ -92,6 +92,18 @@ def parse_quantity(value: object, kind: str, what: str = "value") -> float:
     return out
 
 
+def parse_memory(value: object, what: str = "--memory") -> float:
+    """A device memory limit in bytes: a finite size > 0 (``--memory`` of every command).
+
+    >>> parse_memory("40GB")
+    40000000000.0
+    """
+    size = parse_quantity(value, "bytes", what)
+    if not 0 < size < math.inf:
+        raise MtppError(f"{what} must be a finite size > 0, e.g. {what} 40GB, got {value!r}")
+    return size
+
+
 def _unit_scale(unit: str, kind: str) -> float | None:
     if unit == "":
         return 1.0

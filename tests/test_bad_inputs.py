@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -464,3 +465,201 @@ def test_written_json_reads_back(tmp_path):
     p = tmp_path / "x.json"
     write_json_atomic(p, {"bound": float("inf"), "f": np.array([np.nan, 2.0])})
     assert read_json(p) == {"bound": None, "f": [None, 2.0]}
+
+
+# ---------------------------------------------------------------------- second outside attack
+# Cases found by feeding ~950 bad inputs through the installed command (issue 10, second pass).
+
+
+@pytest.mark.parametrize("value", ["toy", ["x"], 5])
+def test_plan_graph_field_of_the_wrong_type(value, graph, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    plan["graph"] = value
+    bad = write(tmp_path, "bad.json", json.dumps(plan))
+    for cmd in ("evaluate", "simulate"):
+        assert_refused(capsys, [cmd, graph, bad], r"'graph' must be a mapping", watch=tmp_path)
+    plan["graph"] = {"fingerprint": ["x"]}
+    bad.write_text(json.dumps(plan))
+    assert_refused(
+        capsys, ["evaluate", graph, bad], r"'graph.fingerprint' must be a string", tmp_path
+    )
+
+
+@pytest.mark.parametrize("key", ["lower_bound", "objective"])
+def test_plan_claiming_an_integer_too_large_for_a_float(key, graph, tmp_path, capsys):
+    """A claimed number beyond a float is an invalid claim (exit 1), not an OverflowError."""
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    plan[key] = 10**400
+    bad = write(tmp_path, "bad.json", json.dumps(plan))
+    capsys.readouterr()
+    assert main(["evaluate", str(graph), str(bad), "--json"]) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert res["claim"].startswith(f"invalid: the {key.replace('_', ' ')}")
+    assert res["status_source"] != "claimed" or res["status"] != "OPTIMAL"
+
+
+def test_manual_sharding_with_devices_out_of_pipeline_order(graph, tmp_path, capsys):
+    """Stages in order but devices backwards: refused by name, not an internal error."""
+    s = write(
+        tmp_path, "s.yaml", "- {node: a, device: 1, stage: 0}\n- {node: b, device: 0, stage: 1}\n"
+    )
+    match = r"'b' \(device 0\) consumes 'a' from the later device 1; number the devices"
+    assert_refused(capsys, ["solve", graph, "-m", "manual", "--sharding", s], match, tmp_path)
+    assert_refused(capsys, ["evaluate", graph, s], match, watch=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "fmt, path, value, match",
+    [
+        ("native", ("nodes", 0, "work"), 1e308, r"node 'a': work must be at most 1e\+30"),
+        ("native", ("nodes", 1, "sizeout"), 1e31, r"node 'b': sizeout must be at most 1e\+30"),
+        ("native", ("params", 0, "bytes"), 1e300, r"parameter 'w': bytes must be at most 1e\+30"),
+        ("dnnpart", ("nodes", 0, "fpgaLatency"), 1e308, r"work must be at most 1e\+30"),
+    ],
+)
+def test_amounts_too_large_for_the_sums(fmt, path, value, match, tmp_path, capsys):
+    """Two works of 1e308 summed to inf and then NaN (an internal error): refused on load."""
+    base = NATIVE if fmt == "native" else DNNPART
+    p = write(tmp_path, "g.json", json.dumps(changed(base, path, value)))
+    assert_refused(capsys, ["solve", p, "-q"], match, watch=tmp_path)
+
+
+def test_duplicate_parameter_names(tmp_path, capsys):
+    params = [{"name": "w", "bytes": 8, "users": ["a"]}, {"name": "w", "bytes": 8, "users": ["b"]}]
+    p = write(tmp_path, "g.json", json.dumps(changed(NATIVE, ("params",), params)))
+    assert_refused(capsys, ["inspect", p], r"parameter name 'w' appears more than once", tmp_path)
+
+
+def test_output_paths_that_cannot_be_written(graph, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = tmp_path / "p.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(plan)]) == 0
+    os.mkfifo(tmp_path / "fifo")
+    long = "a" * 300 + ".json"
+    for opt in (["solve", graph, "-q", "--out"], ["simulate", graph, plan, "--gantt"]):
+        assert_refused(capsys, [*opt, ""], r"path is empty", watch=tmp_path)
+        assert_refused(capsys, [*opt, long], r"longer than \d+ bytes", watch=tmp_path)
+        assert_refused(capsys, [*opt, "fifo"], r"fifo: not a regular file", watch=tmp_path)
+    assert_refused(capsys, ["solve", graph, "-q", "--out", "x/"], r"names a folder", tmp_path)
+    from solver.errors import MtppError
+    from solver.files import check_output_dir
+
+    for out, match in (("", "path is empty"), ("b" * 300, "longer than")):
+        with pytest.raises(MtppError, match=match):
+            check_output_dir(out, [graph], force=True, what="export")
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)  # still a FIFO, not replaced
+
+
+def test_outputs_never_replace_a_cluster_file_or_external_weights(graph, tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = write(tmp_path, "c.yaml", "name: c\ndevices: 2\nlink_bandwidth: 1GB/s\n")
+    assert_refused(
+        capsys, ["solve", graph, "--cluster", c, "--out", c], r"overwrite an input", tmp_path
+    )
+    w = numpy_helper.from_array(np.random.default_rng(0).random((4, 4), np.float32), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    model = helper.make_model(helper.make_graph([node], "e", [x], [y], [w]))
+    onnx.save_model(
+        model, tmp_path / "e.onnx", save_as_external_data=True, location="w.bin", size_threshold=0
+    )
+    data = tmp_path / "w.bin"
+    assert_refused(
+        capsys, ["solve", tmp_path / "e.onnx", "-q", "--out", data], r"overwrite an input", tmp_path
+    )
+    plan = tmp_path / "p.json"
+    assert main(["solve", str(tmp_path / "e.onnx"), "-q", "--out", str(plan)]) == 0
+    assert_refused(
+        capsys,
+        ["simulate", tmp_path / "e.onnx", plan, "--gantt", data],
+        r"overwrite an input",
+        watch=tmp_path,
+    )
+
+
+def test_no_command_is_one_line(tmp_path, capsys):
+    assert_refused(capsys, [], r"^mtpp: error: name a command: inspect, solve", watch=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "command", ["inspect", "solve", "evaluate", "simulate", "export", "run", "experiment"]
+)
+def test_help_paragraphs_are_wrapped(command, capsys):
+    """Descriptions used to be one 400-character line; only indented example lines may be wide."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    wide = [x for x in out.splitlines() if len(x) > 100 and not x.startswith(" ")]
+    assert not wide, wide
+    assert "{cpsat," not in out  # the method list is printed once, in the help text
+
+
+def test_huge_values_print_as_exponents(tmp_path, capsys):
+    g = changed(NATIVE, ("params", 0, "bytes"), 1e29)
+    p = write(tmp_path, "g.json", json.dumps(g))
+    assert main(["solve", str(p), "-q", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "~0" in out and "e+" in out
+    assert max(len(x) for x in out.splitlines()) <= 80
+
+
+def test_inputs_too_large_for_numpy_with_memory_ok(tmp_path, capsys):
+    """--memory-ok skips the estimate; inputs past what numpy can shape used to end in an
+    internal "array is too big" error in run and in export --verify."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+    w = numpy_helper.from_array(np.random.default_rng(0).random((8, 8), np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
+    model = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "dyn", [x], [y], [w])), model)
+    dims = ["--dim", "batch=2147483647", "--dim", "seq=2147483647"]
+    plan = tmp_path / "p.json"
+    assert (
+        main(["solve", str(model), *dims, "-k", "2", "-m", "time", "-q", "--out", str(plan)]) == 0
+    )
+    match = r"input 'x' of shape \[2147483647, 2147483647, 8\] would take .* TiB"
+    assert_refused(capsys, ["run", model, plan, *dims, "--memory-ok"], match, watch=tmp_path)
+    out = tmp_path / "out"
+    argv = ["export", model, plan, *dims, "--out", out, "--verify", "--verify-memory-ok"]
+    assert_refused(capsys, argv, match, watch=tmp_path)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("link_latency: 1e300s", r"link_latency must be at most 1e\+09 s, got 1e\+300"),
+        ("link_bandwidth: 1e-300B/s", r"link_bandwidth must be at least 1e-06 B/s"),
+        ("compute: 1e-300FLOPS", r"compute must be at least 1e-06 FLOPS"),
+    ],
+)
+def test_cluster_rates_and_latencies_that_break_the_sums(line, match, graph, tmp_path, capsys):
+    """A 1e300 s latency gave a simulated period of 0 (the sums lost every other term), and a
+    1e-300 FLOPS compute blamed a node's work; both are refused in the cluster file."""
+    base = "name: c\ndevices: 2\nlink_bandwidth: 1GB/s\ncompute: 1TFLOPS\nlink_latency: 0s\n"
+    key = line.split(":")[0]
+    text = "\n".join(line if x.startswith(key + ":") else x for x in base.splitlines())
+    c = write(tmp_path, "c.yaml", text + "\n")
+    out = tmp_path / "p.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(out)]) == 0
+    assert_refused(capsys, ["simulate", graph, out, "--cluster", c], match, watch=tmp_path)
+
+
+def test_simulate_latency_too_long_for_the_sums(graph, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["solve", str(graph), "-k", "2", "-q", "--out", str(out)]) == 0
+    match = r"--latency .* got 1e\+300 \(the largest accepted is 1e\+09\)"
+    assert_refused(capsys, ["simulate", graph, out, "--latency", "1e300"], match, tmp_path)

@@ -304,3 +304,14 @@ def test_tables_fit_a_recorded_80_column_console(long_names, tmp_path, capsys):
     text = con.export_text()
     fits_80(text)
     assert "graph-" + "n" * 20 in text and "device" in text and "heaviest" in text
+
+
+def test_cluster_line_wraps_between_items_not_inside_a_value(capsys):
+    """At 80 columns rich used to split "link 16 GB/s" into "16" and "GB/s" on two lines."""
+    assert main(["solve", "examples/tiny_transformer.json", "-q", "-m", "time"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("cluster "))
+    text = lines[start] + " " + lines[start + 1].strip()
+    assert lines[start].endswith(",") and lines[start + 1].startswith("  ")
+    assert "link 16 GB/s" in text and "compute 1 TFLOPS" in text
+    assert all(len(x) <= 80 for x in lines)

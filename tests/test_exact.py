@@ -118,3 +118,23 @@ def test_cpsat_reproduces_known_optima(key):
     assert plan.objective == pytest.approx(opt, rel=tol)
     assert plan.stats["raw_lower_bound"] <= opt * (1 + tol)
     assert lower_bound(g, c) <= opt
+
+
+def test_every_cpsat_solver_keeps_the_presolve_guard():
+    """solver.exact.sat makes every CP-SAT solver of the project (pipeline, tie-break, sharding,
+    packing bound): google/or-tools#5293's presolve step off, then the given parameters."""
+    import os
+
+    from solver.exact.sat import new_solver, search_params
+
+    params = search_params(0, 7, gap=0.01)
+    assert params == {
+        "num_workers": os.cpu_count() or 1,
+        "random_seed": 7,
+        "log_search_progress": False,
+        "relative_gap_limit": 0.01,
+    }
+    assert "relative_gap_limit" not in search_params(2, 0)
+    p = new_solver(2.5, {**params, "num_workers": 3}).parameters
+    assert p.presolve_inclusion_work_limit == 0 and p.max_time_in_seconds == 2.5
+    assert (p.num_workers, p.random_seed, p.relative_gap_limit) == (3, 7, 0.01)

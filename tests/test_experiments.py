@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from solver.cli import main
 from solver.errors import MtppError
 from solver.experiments import load_config, run_experiment
 
 from .conftest import bench_path
+from .experiment_helpers import write
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,12 +35,6 @@ SMALL = {
     ],
     "time_limit": 10,
 }
-
-
-def write(tmp_path, data, name="exp.yaml"):
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(data))
-    return p
 
 
 def test_run_reports_and_resume(tmp_path):

@@ -14,42 +14,19 @@ import yaml
 
 import solver.experiment_ray as er
 import solver.experiments as ex
-from solver.cli import main
 from solver.errors import MtppError
 from solver.io import load_graph
 from solver.plan import ERROR, FEASIBLE, OPTIMAL
 
 from .badinput import assert_refused
 from .conftest import bench_path
+from .experiment_helpers import FAST, jsonl_ids, run_cli, write
 
 ROOT = Path(__file__).resolve().parents[1]
-
-FAST = {
-    "name": "fast",
-    "graphs": [{"layered": 30, "params": {"width": 3}}],
-    "devices": [2, 3],
-    "methods": ["time", "uniform"],
-    "time_limit": 1,
-}
-
-
-def write(folder: Path, data: dict, name: str = "exp.yaml") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    p = folder / name
-    p.write_text(yaml.safe_dump(data))
-    return p
-
-
-def run_cli(*argv) -> int:
-    return main(["experiment", *map(str, argv), "-q", "--json"])
 
 
 def records(out: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (out / "runs").glob("*.json")}
-
-
-def jsonl_ids(out: Path) -> list[str]:
-    return [json.loads(line)["id"] for line in (out / "results.jsonl").read_text().splitlines()]
 
 
 def assert_cpus_free(ray, seconds: float = 15) -> None:

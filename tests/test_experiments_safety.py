@@ -13,38 +13,15 @@ import yaml
 
 import solver.experiments as ex
 from solver import benchdata
-from solver.cli import main
 from solver.errors import MtppError
 from solver.plan import ERROR, FEASIBLE, INVALID, OPTIMAL
 
 from .badinput import assert_refused
 from .conftest import bench_path
+from .experiment_helpers import FAST, jsonl_ids, run_cli, write
 
 ROOT = Path(__file__).resolve().parents[1]
 _real_execute = ex._execute
-
-FAST = {
-    "name": "fast",
-    "graphs": [{"layered": 30, "params": {"width": 3}}],
-    "devices": [2, 3],
-    "methods": ["time", "uniform"],
-    "time_limit": 1,
-}
-
-
-def write(folder: Path, data: dict, name: str = "exp.yaml") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    p = folder / name
-    p.write_text(yaml.safe_dump(data))
-    return p
-
-
-def run_cli(*argv) -> int:
-    return main(["experiment", *map(str, argv), "-q", "--json"])
-
-
-def jsonl_ids(out: Path) -> list[str]:
-    return [json.loads(line)["id"] for line in (out / "results.jsonl").read_text().splitlines()]
 
 
 # ---------------------------------------------------------------------- Ctrl-C

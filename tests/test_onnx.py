@@ -274,6 +274,25 @@ def test_external_data_sizes_without_reading_weights(tmp_path):
     assert g.param_bytes_total == 4 * 65536**2
 
 
+def test_external_facts_from_the_protos():
+    """Sizes and locations of external tensors come from dims and entries alone; a tensor in a
+    node attribute counts, and each location is listed once, in order of first use."""
+    from solver.io.onnx_common import dense_bytes, external_info, external_locations
+
+    w = ext_tensor("w", [3, 5], "a.bin", offset=64, length=60)
+    h = ext_tensor("h", [7], "b.bin", dtype=TensorProto.FLOAT16)
+    assert dense_bytes(w) == 60 and dense_bytes(h) == 14
+    assert dense_bytes(ext_tensor("q", [3], "c.bin", dtype=TensorProto.INT4)) == 2  # 1.5 up
+    assert external_info(w) == {"location": "a.bin", "offset": "64", "length": "60"}
+    const = helper.make_node("Constant", [], ["c"], value=ext_tensor("k", [2], "c.bin"))
+    graph = helper.make_graph(
+        [const, helper.make_node("Add", ["w", "c"], ["y"])], "g", [], [vi("y", [3, 5])], [w, h]
+    )
+    model = helper.make_model(graph)
+    model.graph.initializer.append(ext_tensor("w2", [1], "a.bin", offset=128))
+    assert external_locations(model) == ["a.bin", "b.bin", "c.bin"]
+
+
 @pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd", "sub/../../x.bin"])
 def test_external_data_outside_folder_is_refused(tmp_path, location):
     w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
@@ -334,6 +353,19 @@ def test_not_onnx_and_truncated(tmp_path):
     trunc.write_bytes(good.read_bytes()[:5000])
     with pytest.raises(MtppError, match="not a valid ONNX model"):
         load_graph(trunc)
+
+
+def test_shape_inference_failure_without_a_message_is_one_line(tmp_path, monkeypatch):
+    """onnx may raise with an empty message: still a one-line error, not an IndexError."""
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    path = save(tmp_path, [node], [vi("x", [2])], [vi("y", [2])])
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", fail)
+    with pytest.raises(MtppError, match=r"^onnx shape inference failed: RuntimeError$"):
+        load_graph(path)
 
 
 def test_checker_rejection(tmp_path):

@@ -257,3 +257,28 @@ def test_ctrl_c_on_the_command_line(dyn_model, tmp_path):
         time.sleep(0.2)
     else:
         pytest.fail("processes of the interrupted run are still alive")
+
+
+def test_closing_survives_a_feeder_left_waiting_by_an_interrupted_notify():
+    """Ctrl-C inside ``Queue.put``'s ``Condition.notify`` leaves a stale waiter at the head of
+    the condition; the close marker's single notify then wakes nobody, and the cleanup used to
+    wait forever in ``join_thread`` (``mtpp run`` hung after Ctrl-C about once in six)."""
+    from solver.run import _Processes
+
+    ctx = mp.get_context("spawn")
+    q, errors = ctx.Queue(), ctx.Queue()
+    q.put(1)  # starts the feeder thread
+    deadline = time.monotonic() + 5
+    while (q._buffer or not q._notempty._waiters) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the feeder has sent the item and waits for the next one
+    assert q._notempty._waiters, "the feeder never waited"
+    with q._notempty:  # what an interrupted notify leaves: a released, re-acquired waiter
+        stale = threading.Lock()
+        stale.acquire()
+        q._notempty._waiters.appendleft(stale)
+    procs = _Processes([], [q], errors, [])
+    closer = threading.Thread(target=procs._close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "closing the queues hung"
+    assert not q._thread.is_alive()

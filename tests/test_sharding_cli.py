@@ -434,3 +434,16 @@ def test_cli_verify_on_the_bundled_small_models(name, capsys):
     assert code == 0 and data["verify"]["ok"], data["verify"]
     assert "BatchNormalization" not in data["replicated_op_types"]
     assert data["comm_bytes_per_device"] > 0
+
+
+def test_plan_json_is_strict_json_like_stdout(tmp_path):
+    """plan.json goes through json_safe as --json does: an infinity is null (never the
+    non-JSON 'Infinity'), a numpy integer stays an integer."""
+    from solver.sharding.report import write_out
+
+    sm = from_proto(examples.ffn(), {})
+    plan = {"lower_bound": float("inf"), "gap": float("nan"), "count": np.int64(3)}
+    write_out(tmp_path / "out", sm, {}, plan)
+    text = (tmp_path / "out/plan.json").read_text()
+    assert json.loads(text) == {"lower_bound": None, "gap": None, "count": 3}
+    assert "Infinity" not in text and "NaN" not in text and '"count": 3\n' in text

@@ -358,6 +358,13 @@ def test_cli_impossible_memory_is_one_line_with_the_least_memory(mlp_file, capsy
         (["--time-limit", "0"], "--time-limit must be a positive"),
         (["--time-limit", "nan"], "--time-limit must be a positive"),
         (["--workers", "-1"], "--workers must be >= 0"),
+        (["--workers", "100000"], "--workers must be >= 0 and at most 1024, got 100000"),
+        # CP-SAT's seed is 32-bit: a larger one was an internal error once CP-SAT ran
+        (["--method", "cpsat", "--seed", str(2**40)], r"--seed must be >= 0 and at most 2147"),
+        (["--seed", "-1"], r"--seed must be >= 0 and at most 2147483647, got -1"),
+        # as in mtpp solve: 'inf' was taken as no limit, 0 as a limit no plan meets
+        (["--memory", "inf"], r"--memory must be a finite size > 0, e\.g\. --memory 40GB"),
+        (["--memory", "0"], r"--memory must be a finite size > 0, .*got '0'"),
         (["--method", "dp", "--memory", "1KiB"], "the dp plan needs .* per device"),
         (["--method", "megatron", "--memory", "1KiB"], "the megatron plan needs"),
     ],
@@ -365,6 +372,13 @@ def test_cli_impossible_memory_is_one_line_with_the_least_memory(mlp_file, capsy
 def test_cli_bad_input(mlp_file, capsys, args, match):
     argv = ["shard", str(mlp_file / "mlp.onnx"), "-k", "4", *args]
     assert_refused(capsys, argv, match, watch=mlp_file)
+
+
+def test_library_refuses_a_seed_cpsat_cannot_take():
+    """solve_sharding checks its options itself (CP-SAT raised a TypeError on a 41-bit seed)."""
+    pl = _planner(random_model(0), CL4)
+    with pytest.raises(MtppError, match=r"--seed must be >= 0 and at most 2147483647"):
+        solve_sharding(pl.sm, cluster=CL4, method="cpsat", memory=639, seed=2**40)
 
 
 def test_pins_are_kept_by_every_method(mlp_file):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from solver.exact.sat import new_solver
+
 UNITS = 2**20  # capacity in integer units: rounding loses < (items per bin) / 2^20 of a bin
 MAX_TYPES = 40  # coarser type grouping (still rounding down) above this many distinct types
 FLUID = 1e-3  # items below this fraction of the capacity (size and act) are fluid
@@ -124,10 +126,7 @@ def _cpsat_infeasible(p: Packing, k: int, time_limit: float, workers: int) -> bo
     for t in range(T):
         m.add(sum(counts[b][t] for b in range(k)) == int(p.count[t]))
     m.add(sum(free) + k >= p.fluid)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
-    solver.parameters.num_workers = workers
-    solver.parameters.presolve_inclusion_work_limit = 0  # google/or-tools#5293
+    solver = new_solver(time_limit, {"num_workers": workers})
     return solver.solve(m) == cp_model.INFEASIBLE
 
 

@@ -94,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtpp {__version__}")
         return 0
     if not args.command:
-        parser.print_help()
-        return EXIT_USER
+        parser.print_usage()
+        return _fail(
+            f"mtpp: error: name a command: {', '.join(n for n, _, _ in COMMANDS)} "
+            "(see mtpp --help)",
+            EXIT_USER,
+        )
     run_command = {name: fn for name, _, fn in COMMANDS}[args.command]
     try:
         code = run_command(args)

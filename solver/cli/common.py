@@ -12,8 +12,30 @@ from pathlib import Path
 from solver.errors import MtppError
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs keep their line breaks (examples stay as written), and a long
+    unindented line (a paragraph) is wrapped to the help width instead of running off screen."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            if len(line) > width and not line.startswith(" "):
+                lines += textwrap.wrap(
+                    line,
+                    width,
+                    initial_indent=indent,
+                    subsequent_indent=indent,
+                    break_on_hyphens=False,
+                )
+            else:
+                lines.append(indent + line)
+        return "\n".join(lines)
+
+
 def formatter(prog: str) -> argparse.HelpFormatter:
-    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32, width=100)
+    return _HelpFormatter(prog, max_help_position=32, width=100)
 
 
 MAX_DIM = 2**31 - 1  # an ONNX dimension is an int64, but ORT and numpy shapes stop far below
@@ -149,6 +171,25 @@ def console():
     return con
 
 
+def print_list_line(con, text: str, sep: str = ", ") -> None:
+    """Print a comma-separated line (a cluster summary) wrapped only after a separator, so that
+    a value and its unit ("16 GB/s") never land on two lines; continuation lines are indented.
+    ``text`` is printed literally (no markup)."""
+    from rich.text import Text
+
+    lines, line = [], ""
+    for part in text.split(sep):
+        piece = part if not line else sep + part
+        if line and len(line) + len(piece.rstrip()) + len(sep.rstrip()) > con.width:
+            lines.append(line + sep.rstrip())
+            line = "  " + part
+        else:
+            line += piece
+    lines.append(line)
+    for x in lines:  # an item wider than the console (a long name) is folded by rich
+        con.print(Text(x), soft_wrap=len(x) <= con.width)
+
+
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -186,6 +227,9 @@ class ColumnUnit:
     >>> u = ColumnUnit([0.0091, 0.0003, 0.0], TIME_UNITS)
     >>> u.name, u.cell(0.0091), u.cell(0.0003), u.cell(0.0), u.cell(1e-9)
     ('ms', '9.100', '0.300', '0', '<0.001')
+    >>> u = ColumnUnit([5e29, 2.0], TIME_UNITS)
+    >>> u.cell(5e29), u.cell(2.0)
+    ('5e+29', '~0')
     """
 
     def __init__(self, values, units: tuple[tuple[str, float], ...]):
@@ -196,6 +240,8 @@ class ColumnUnit:
             self.name, self.scale = units[0] if units[0][0] == "s" else units[-1]
         digits = math.floor(math.log10(top / self.scale)) if top else 0
         self.decimals = max(0, 3 - digits)
+        self.top = top
+        self.exponent = digits >= 7  # 1.234e+12: a fixed-point cell would be wider than a row
         if self.name == "B" and all(v.is_integer() for v in finite):
             self.decimals = 0  # whole bytes
 
@@ -204,6 +250,8 @@ class ColumnUnit:
             return str(x)
         if x == 0:
             return "0"
+        if self.exponent:  # values a million times below the column's largest are noise here
+            return "~0" if abs(x) < self.top * 1e-6 else f"{x / self.scale:.4g}"
         text = f"{x / self.scale:.{self.decimals}f}"
         if float(text) == 0:
             return f"<{10.0**-self.decimals:.{self.decimals}f}"
@@ -216,6 +264,39 @@ def print_json(obj: dict) -> None:
 
     sys.stdout.write(json.dumps(json_safe(obj), indent=1, allow_nan=False))
     sys.stdout.write("\n")
+
+
+def input_paths(args: argparse.Namespace) -> list[Path]:
+    """Every file the command reads: the graph, plan, sharding points, a cluster YAML, and an
+    ONNX model's external-data files. An output path must be none of them."""
+    paths = [Path(p) for p in (getattr(args, k, None) for k in ("graph", "plan", "sharding")) if p]
+    cluster = getattr(args, "cluster", None)
+    if cluster and Path(cluster).is_file():
+        paths.append(Path(cluster))
+    for p in list(paths):
+        if p.suffix.lower() == ".onnx" and p.is_file():
+            paths += _external_data_files(p)
+    return paths
+
+
+def _external_data_files(model: Path) -> list[Path]:
+    """The external-data files an ONNX model names (none when it cannot be parsed: the loader
+    reports that with its own message later)."""
+    try:
+        import onnx
+
+        m = onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 -- any unreadable model: the loader will say why
+        return []
+    from solver.io.onnx_common import model_tensors
+
+    found = set()
+    for t in model_tensors(m):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            if loc:
+                found.add(model.parent / loc)
+    return sorted(found)
 
 
 def plan_assignment(args, g, cluster):

@@ -14,6 +14,7 @@ from solver.cli.common import (
     esc,
     fmt,
     formatter,
+    input_paths,
     load_graph_and_cluster,
     parse_dims,
     plan_assignment,
@@ -88,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
-    check_output_dir(args.out, [args.graph, args.plan], force=args.force, what="export")
+    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
     if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     if args.seed < 0:

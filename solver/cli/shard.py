@@ -4,7 +4,6 @@ patterns (data parallel, Megatron), or the exact CP-SAT optimum with a certified
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -83,16 +82,11 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from solver.files import check_output_dir
     from solver.progress import SolveProgress
     from solver.sharding.report import human_table, plan_dict, write_out
-    from solver.sharding.solve import solve_sharding
+    from solver.sharding.solve import check_options, solve_sharding
 
     if Path(args.model).suffix.lower() != ".onnx":
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
-    if args.seed < 0:
-        raise MtppError(f"--seed must be >= 0, got {args.seed}")
-    if not math.isfinite(args.time_limit) or args.time_limit <= 0:
-        raise MtppError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
-    if args.workers < 0:
-        raise MtppError(f"--workers must be >= 0, got {args.workers}")
+    check_options(args.time_limit, args.workers, args.seed)
     inputs = [args.model] + ([args.config] if args.config else [])
     if args.out:
         check_output_dir(args.out, inputs, force=args.force, what="shard")
@@ -134,7 +128,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
         plan["verify"] = verify(planner, program, seed=args.seed)
         ok = plan["verify"]["ok"]
     if args.out:
-        write_out(args.out, planner.sm, res.strategies, plan, args.force)
+        write_out(args.out, planner.sm, res.strategies, plan)
         plan["out"] = args.out
     for w in warnings:
         print(f"mtpp: warning: {w}", file=sys.stderr)

@@ -6,14 +6,17 @@ import argparse
 from pathlib import Path
 
 from solver.cli.common import (
+    CONTROL_CHARS,
     add_graph_options,
     add_json,
     console,
     esc,
     formatter,
+    input_paths,
     load_graph_and_cluster,
     plan_assignment,
     print_json,
+    print_list_line,
 )
 from solver.errors import MtppError
 from solver.files import check_output_file
@@ -85,8 +88,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     check_simulation_size(1, args.requests)  # the device count is known once loaded
     check_latency(args.latency)
-    if args.gantt:
-        check_gantt_path(args.gantt, [args.graph, args.plan])
+    if args.gantt is not None:
+        check_gantt_path(args.gantt, input_paths(args))
     g, cluster = load_graph_and_cluster(args)
     a, _, cluster = plan_assignment(args, g, cluster)
     sim = simulate(
@@ -98,7 +101,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         overlap=args.overlap,
         latency=args.latency,
     )
-    if args.gantt:
+    if args.gantt is not None:
         draw_gantt(
             sim,
             cluster.devices,
@@ -126,7 +129,7 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
         f"[bold]simulation[/bold]: graph {esc(graph_name)}, {args.requests} requests, "
         f"{args.mode}" + (" with overlap" if args.overlap else "")
     )
-    con.print(f"cluster {esc(cluster.summary())}")
+    print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", cluster.summary()))
     con.print(f"period {format_time(sim.period)}  throughput {sim.throughput:.6g} requests/s")
     con.print(
         f"latency first {format_time(sim.latency_first)}, mean "
@@ -146,5 +149,5 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
     con.print(t)
     for v in sim.violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")
-    if args.gantt:
+    if args.gantt is not None:
         con.print(f"Gantt chart written to {esc(args.gantt)}")

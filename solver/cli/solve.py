@@ -8,6 +8,7 @@ import math
 import textwrap
 
 from solver.cli.common import (
+    CONTROL_CHARS,
     add_graph_options,
     add_json,
     console,
@@ -18,6 +19,7 @@ from solver.cli.common import (
     load_graph_and_cluster,
     plan_assignment,
     print_json,
+    print_list_line,
 )
 from solver.errors import MtppError
 from solver.methods import METHOD_OPTIONS, METHODS
@@ -143,7 +145,7 @@ def _print_plan(
 
     con = con or console()
     con.print(f"[bold]{title}[/bold]: graph {esc(plan.graph_name)}, method {esc(plan.method)}")
-    con.print(f"cluster {esc(plan.cluster.summary())}")
+    print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", plan.cluster.summary()))
     lb = plan.lower_bound
     gap = plan.gap
     status = plan.status + (" (as claimed by the plan file)" if claim and claim["used"] else "")
@@ -363,7 +365,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     )
     check_solve_options(opts)  # before loading a big graph
     check_method_options(args.method, extra)
-    if args.out:
+    if args.out is not None:
         from solver.files import check_output_file
 
         check_output_file(args.out, input_paths(args), "--out")
@@ -371,11 +373,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
     plan = solve(g, cluster, args.method, opts)
     if plan is None:
         raise MtppError(infeasible_message(g, cluster))
-    if args.out:
+    if args.out is not None:
         save_plan(plan, args.out)
     if args.json:
         out = plan.to_dict()
-        if args.out:
+        if args.out is not None:
             out["plan_file"] = str(args.out)
             del out["assignment"]
         print_json(out)
@@ -385,7 +387,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             from solver.heuristics.poprt import format_sharding
 
             console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
-        if args.out:
+        if args.out is not None:
             console().print(f"plan written to {esc(args.out)}")
     return 0
 

@@ -41,7 +41,6 @@ The reported objective is always re-evaluated in floating point by :mod:`solver.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -51,15 +50,12 @@ from ortools.sat.python import cp_model
 from solver.cluster import Cluster
 from solver.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.errors import MtppError
+from solver.exact.sat import MAX_COEF, new_solver, search_params
 from solver.exact.tiebreak import TIE_BREAK_SHARE, tie_break, tie_break_budget
 from solver.graph import Graph, coarse_view
 from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
-# Every coefficient stays below 2^30 and the presolve step that overflows is switched off
-# (solve_cpsat): OR-Tools 9.15 keeps activities in a 32-bit int there and then proves wrong
-# optima (google/or-tools#5293; tests/test_exact.py keeps a 7-node case that showed it).
-MAX_COEF = 2**30
 BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
 BIG_MODEL_VARS = 50_000  # above this, one presolve pass (search starts 3x sooner, same result)
 
@@ -612,28 +608,20 @@ def solve_cpsat(
         model.add_hint(chint)
     build_s = time.perf_counter() - t0
 
-    solver = cp_model.CpSolver()
-    p = solver.parameters
     # CP-SAT's presolve checks the clock coarsely and overruns on big models by about the time
     # it took to build them: reserve that too, so the whole solve keeps --time-limit
     search_s = max(0.01, opts.time_limit - 2 * build_s)
-    p.max_time_in_seconds = search_s * (1 - TIE_BREAK_SHARE) if opts.tie_break else search_s
-    p.num_workers = opts.workers or os.cpu_count() or 1
-    p.random_seed = opts.seed
-    if opts.gap > 0:
-        p.relative_gap_limit = opts.gap
-    p.log_search_progress = opts.log
-    # OR-Tools 9.15 keeps linear activities in a 32-bit int in ProcessAtMostOneAndLinear and
-    # then certifies wrong optima (google/or-tools#5293); our block-cost sums exceed 2^31, so
-    # that presolve step is switched off (the issue reports it is often faster without it)
-    p.presolve_inclusion_work_limit = 0
+    params = search_params(opts.workers, opts.seed, opts.gap, opts.log)
     size = model.size()
     if size["model_variables"] > BIG_MODEL_VARS:
         # measured on Llama shapes: the first presolve pass does the work, the next ones
         # cost 10-20 s more before the first branch and change neither plan nor bound
-        p.max_presolve_iterations = 1
-    for key, val in opts.params.items():
-        setattr(p, key, val)
+        params["max_presolve_iterations"] = 1
+    solver = new_solver(
+        search_s * (1 - TIE_BREAK_SHARE) if opts.tie_break else search_s,
+        {**params, **opts.params},
+    )
+    p = solver.parameters
     cb = _Progress(model.S, t0, opts.on_progress)
     if opts.on_progress:
         solver.best_bound_callback = lambda bnd: opts.on_progress(

@@ -29,11 +29,11 @@ from ortools.sat.python import cp_model
 
 from solver.cluster import Cluster
 from solver.cost import evaluate, validate
+from solver.exact.sat import MAX_COEF, new_solver
 from solver.graph import Graph
 
 TIE_BREAK_SHARE = 0.2  # at most this share of the time limit goes to the tie-break ...
 TIE_BREAK_MIN_SECONDS = 1.0  # ... and at most max(this, the first stage's search time)
-MAX_COEF = 2**30  # as in cpsat.py (google/or-tools#5293)
 
 
 @dataclass
@@ -121,12 +121,7 @@ def tie_break(
             m.Minimize(sum(_block_sum(model, b) for b in range(model.k)))
             limit = left
         model.add_hint(_coarse(best[0].assignment, labels, model.g.n))
-        solver = cp_model.CpSolver()
-        p = solver.parameters
-        p.max_time_in_seconds = max(0.01, limit)
-        p.presolve_inclusion_work_limit = 0  # google/or-tools#5293, as in stage 1
-        for key, val in params.items():
-            setattr(p, key, val)
+        solver = new_solver(max(0.01, limit), params)
         status = solver.Solve(m, _Collect(accept))
         stages.append(f"{stage} {solver.StatusName(status)}")
     final = best[0]

@@ -4,7 +4,8 @@ A YAML list of sharding points ``{node: NAME, device: D, stage: S}`` (stage defa
 device). From each point, in topological order, every not-yet-assigned ancestor (and the point
 itself) gets that device and stage; nodes left unassigned get (largest device + 1, largest
 stage + 1). Several points may share a device (parallel branches). The block of a node in the
-plan is its device; a tensor consumed in an earlier stage than the one producing it is refused.
+plan is its device; a tensor consumed in an earlier stage, or on an earlier device, than the one
+producing it is refused (the devices must be numbered in pipeline order).
 """
 
 from __future__ import annotations
@@ -54,5 +55,12 @@ def manual_assignment(g: Graph, points: list[ShardPoint]) -> tuple[np.ndarray, n
         raise MtppError(
             f"manual sharding: {g.names[v]!r} (stage {stage[v]}) consumes {g.names[u]!r} from "
             f"the later stage {stage[u]}; a tensor must never go to an earlier stage"
+        )
+    bad = np.flatnonzero(device[g.e_src] > device[g.e_dst])
+    if len(bad):
+        u, v = int(g.e_src[bad[0]]), int(g.e_dst[bad[0]])
+        raise MtppError(
+            f"manual sharding: {g.names[v]!r} (device {device[v]}) consumes {g.names[u]!r} from "
+            f"the later device {device[u]}; number the devices in pipeline order"
         )
     return device, stage

@@ -98,6 +98,11 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
         s, d, o = (e.src, e.dst, e.ordered) if isinstance(e, _Edge) else (e[0], e[1], True)
         edges.append((idx(s, "an edge"), idx(d, "an edge")))
         ordered.append(o)
+    seen: set[str] = set()
+    for p in f.params:  # two entries of one name would silently store the weight twice
+        if p.name in seen:
+            raise MtppError(f"{where}: parameter name {p.name!r} appears more than once")
+        seen.add(p.name)
     params = [
         (p.name, p.bytes, [idx(u, f"parameter {p.name!r}") for u in p.users]) for p in f.params
     ]

@@ -7,6 +7,7 @@ another step through this module, so the front end has no import cycle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -32,6 +33,17 @@ def dtype_bytes(elem_type: int) -> float:
                 _DTYPE_BYTES[code] = 0.5
         _DTYPE_BYTES[TensorProto.STRING] = 8.0
     return _DTYPE_BYTES.get(int(elem_type), 4.0)
+
+
+def dense_bytes(t) -> int:
+    """Bytes of a TensorProto's data stored densely (elements x element size), from its dims
+    alone: what its external file holds when no ``length`` is given."""
+    return math.ceil(math.prod(int(d) for d in t.dims) * dtype_bytes(t.data_type))
+
+
+def external_info(t) -> dict[str, str]:
+    """The ``external_data`` entries of a TensorProto: location, offset, length, ..."""
+    return {e.key: e.value for e in t.external_data}
 
 
 def node_names(model) -> list[str]:
@@ -122,3 +134,17 @@ def model_tensors(model) -> Iterator:
             yield from node_tensors(node)
             for sub in subgraphs(node):
                 yield from graph_tensors(sub)
+
+
+def external_locations(model) -> list[str]:
+    """The distinct ``location`` of every tensor ``model`` keeps in external data, in order of
+    first use (from the protos: the weights are not read)."""
+    from onnx import TensorProto
+
+    locs: dict[str, None] = {}
+    for t in model_tensors(model):
+        if t.data_location == TensorProto.EXTERNAL:
+            loc = external_info(t).get("location", "")
+            if loc:
+                locs[loc] = None
+    return list(locs)

@@ -37,15 +37,14 @@ import errno
 import json
 import os
 import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 from solver.graph import Graph
 from solver.io.onnx_ort import external_range, held_bytes, weight_bytes, weights_detail
+from solver.outdir import replace_dir, temp_dir_beside
 
 ALIGN = 4096  # offsets of copied tensors, so that onnxruntime may map them page by page
 CHUNK = 64 << 20  # bytes per copy call
@@ -328,7 +327,7 @@ def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        first = first_line(e, "invalid model")
         raise MtppError(f"export: the ONNX checker rejects {path.name}: {first}") from None
 
 
@@ -456,13 +455,9 @@ def export_plan(
     if before_write is not None:
         before_write(estimate)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = temp_dir_beside(out_dir)
     data = _DataFiles(model_path.parent, tmp)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the folder gets the usual mode
         files = []
         for st in stages:
             if not st["nodes"]:
@@ -506,35 +501,12 @@ def export_plan(
             report["verify"] = verify_stages(model_path, model, tmp, report, tolerance, seed)
             report["verify"]["memory_estimate"] = estimate["verify"]
         (tmp / "stages.json").write_text(json.dumps(report, indent=1))
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         data.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
-
-
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    """Rename the complete folder ``tmp`` to ``out_dir``.
-
-    An existing ``out_dir`` (already allowed by :func:`solver.files.check_output_dir`) is
-    renamed aside first and deleted only once the new folder is in place; if that rename
-    fails, the old folder is put back.
-    """
-    if not out_dir.exists():
-        os.replace(tmp, out_dir)
-        return
-    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.replace(out_dir, old)
-    try:
-        os.replace(tmp, out_dir)
-    except BaseException:
-        os.replace(old, out_dir)
-        raise
-    if old.is_symlink():  # the user named a link to a folder: drop the link, not its target
-        old.unlink()
-    else:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # default --tolerance by ONNX output type: fp32/fp64 sessions agree to rounding; fp16/bf16

@@ -8,12 +8,11 @@ hold ``offset + length`` bytes. Weights are never read to find out.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
-from solver.errors import MtppError
-from solver.io.onnx_common import dtype_bytes, model_tensors
+from solver.errors import MtppError, first_line
+from solver.io.onnx_common import dense_bytes, external_info, model_tensors
 from solver.io.onnx_flops import numel
 
 LIGHT_LIMIT = 4096  # initializers with more elements are handed to checker/inference as inputs
@@ -40,7 +39,7 @@ def read_model(path: str | Path):
     try:
         onnx.checker.check_model(light_copy(model))
     except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        first = first_line(e, "invalid model")
         raise MtppError(f"{path}: the ONNX checker rejects the model: {first}") from None
     return model
 
@@ -100,15 +99,6 @@ def _big_constant(node):
     return None
 
 
-def _external(t) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
-
-
-def _stored_bytes(t) -> int:
-    """Bytes a tensor's data occupies in its file when no ``length`` is given."""
-    return math.ceil(numel(t.dims) * dtype_bytes(t.data_type))
-
-
 def check_external_paths(model, base: Path) -> None:
     """Refuse external data that leaves the model's folder, is missing, or is shorter than
     the tensor it holds (in initializers, sparse initializers, node attributes, subgraphs and
@@ -120,7 +110,7 @@ def check_external_paths(model, base: Path) -> None:
     for t in model_tensors(model):
         if t.data_location != TensorProto.EXTERNAL:
             continue
-        info = _external(t)
+        info = external_info(t)
         loc = info.get("location", "")
         target = (base / loc).resolve()
         if not loc or os.path.isabs(loc) or (base != target and base not in target.parents):
@@ -130,7 +120,7 @@ def check_external_paths(model, base: Path) -> None:
             )
         try:
             offset = int(info.get("offset", "0"))
-            length = int(info["length"]) if "length" in info else _stored_bytes(t)
+            length = int(info["length"]) if "length" in info else dense_bytes(t)
         except ValueError:
             raise MtppError(
                 f"tensor {t.name!r}: external data offset/length are not integers "

@@ -9,13 +9,15 @@ itself, by their relative locations, and Python never holds them.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
+from solver.io.onnx_common import dense_bytes, external_info
 from solver.units import format_bytes
+
+MAX_ARRAY_BYTES = 2**62  # past this numpy refuses the shape itself (with --memory-ok)
 
 
 def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = None, seed: int = 0):
@@ -33,6 +35,14 @@ def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = Non
         if shapes_by_name and inp.name in shapes_by_name:
             shape = list(shapes_by_name[inp.name])
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        size = dt.itemsize
+        for d in shape:
+            size *= max(int(d), 0)
+        if size > MAX_ARRAY_BYTES:  # numpy would raise "array is too big" (a ValueError)
+            raise MtppError(
+                f"input {inp.name!r} of shape {shape} would take {format_bytes(size)}, more "
+                "than any machine can hold; use smaller --dim values"
+            )
         if np.issubdtype(dt, np.floating):
             feeds[inp.name] = rng.standard_normal(shape).astype(dt)
         elif dt == np.bool_:
@@ -58,8 +68,7 @@ def session(model, folder, so=None, what: str = "run the model"):
             model.SerializeToString(), so, providers=["CPUExecutionProvider"]
         )
     except Exception as e:  # onnxruntime raises its own exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MtppError(f"onnxruntime cannot {what}: {first}") from None
+        raise MtppError(f"onnxruntime cannot {what}: {first_line(e)}") from None
 
 
 def available_memory() -> int:
@@ -77,18 +86,11 @@ def available_memory() -> int:
         return 1 << 62  # unknown: do not refuse
 
 
-def _dense_bytes(t) -> int:
-    from solver.io.onnx_common import dtype_bytes
-    from solver.io.onnx_flops import numel
-
-    return math.ceil(numel(t.dims) * dtype_bytes(t.data_type))
-
-
 def external_range(t) -> tuple[str, int, int]:
     """(location, offset, length) of an external tensor (already checked by
     :func:`solver.io.onnx_load.check_external_paths`)."""
-    info = {e.key: e.value for e in t.external_data}
-    length = int(info["length"]) if "length" in info else _dense_bytes(t)
+    info = external_info(t)
+    length = int(info["length"]) if "length" in info else dense_bytes(t)
     return info["location"], int(info.get("offset", "0")), length
 
 
@@ -96,7 +98,7 @@ def tensor_bytes(t) -> int:
     """Bytes of one tensor's data, external or inline, without reading it."""
     from onnx import TensorProto
 
-    return external_range(t)[2] if t.data_location == TensorProto.EXTERNAL else _dense_bytes(t)
+    return external_range(t)[2] if t.data_location == TensorProto.EXTERNAL else dense_bytes(t)
 
 
 def held_bytes(t) -> int:
@@ -172,9 +174,9 @@ def run_shapes(model, folder, shapes) -> dict[str, tuple[tuple[int, ...], int]]:
     try:
         values = sess.run(names, random_inputs(model))
     except Exception as e:  # onnxruntime raises its own exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MtppError(
-            f"onnxruntime cannot run the model to find the tensor shapes inference left: {first}"
+            "onnxruntime cannot run the model to find the tensor shapes inference left: "
+            + first_line(e)
         ) from None
     out: dict[str, tuple[tuple[int, ...], int]] = {}
     for name, v in zip(names, values, strict=True):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 from solver.graph import Graph
 from solver.io.onnx_common import node_names
 from solver.io.onnx_ort import (
@@ -68,9 +68,8 @@ def measured_work(
             for _ in range(runs + 1):
                 sess.run(None, feeds)
         except Exception as e:  # onnxruntime raises its own exception types
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise MtppError(
-                f"onnxruntime failed running {path} to measure node times: {first}"
+                f"onnxruntime failed running {path} to measure node times: {first_line(e)}"
             ) from None
         prof = sess.end_profiling()
         events = json.loads(Path(prof).read_text())

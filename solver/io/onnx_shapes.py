@@ -14,7 +14,7 @@ import re
 import tempfile
 import warnings
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 from solver.io.onnx_fold import fold_constants
 from solver.io.onnx_load import light_copy
 
@@ -177,7 +177,7 @@ def _onnx_infer(light):
     try:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception as e:  # onnx raises several internal types here
-        raise MtppError(f"onnx shape inference failed: {str(e).splitlines()[0]}") from None
+        raise MtppError(f"onnx shape inference failed: {first_line(e)}") from None
     return inferred, shape_map(inferred)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
-import tempfile
 from pathlib import Path
 
 from solver.errors import MtppError
@@ -125,16 +123,3 @@ def dump_yaml(strategies: dict[str, Strategy]) -> str:
     for name, s in strategies.items():
         lines.append(f"{json.dumps(name)}: {json.dumps([list(x) for x in s])}")
     return "\n".join(lines) + "\n"
-
-
-def write_text_atomic(path: Path, text: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode() if isinstance(text, str) else text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

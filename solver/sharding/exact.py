@@ -26,20 +26,19 @@ Every coefficient stays below 2^30 and the presolve step of google/or-tools#5293
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from solver.exact.sat import MAX_COEF, new_solver, search_params
 from solver.sharding.mesh import canonical
 from solver.sharding.program import Planner
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import OpSharding, Strategy
 
 TARGET_RANGE = 1e15  # the largest plan cost, scaled, stays below this (doubles are exact to 9e15)
-MAX_COEF = 2**30  # every coefficient stays below (google/or-tools#5293)
 
 
 @dataclass
@@ -558,20 +557,8 @@ class _Callback(cp_model.CpSolverSolutionCallback):
 
 
 def _solver(opts: ExactOptions, time_limit: float) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    p.max_time_in_seconds = max(0.01, time_limit)
-    p.num_workers = opts.workers or os.cpu_count() or 1
-    p.random_seed = opts.seed
-    p.log_search_progress = opts.log
-    if opts.gap > 0:
-        p.relative_gap_limit = opts.gap
-    # OR-Tools 9.15 keeps activities in a 32-bit int in this presolve step and then proves
-    # wrong optima (google/or-tools#5293): switched off, as in solver/exact/cpsat.py
-    p.presolve_inclusion_work_limit = 0
-    for key, val in opts.params.items():
-        setattr(p, key, val)
-    return solver
+    params = search_params(opts.workers, opts.seed, opts.gap, opts.log)
+    return new_solver(max(0.01, time_limit), {**params, **opts.params})
 
 
 def solve_exact(

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 from solver.sharding.collectives import apply, assemble, scatter
 from solver.sharding.model import ShardModel, Unloaded
 from solver.sharding.program import Planner, Program
@@ -131,8 +131,7 @@ def run_sharded(planner: Planner, program: Program, feeds: dict[str, np.ndarray]
             except MtppError:
                 raise
             except Exception as e:  # noqa: BLE001 - a wrong program fails verify, not the CLI
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ValueError(f"node {op.name!r} on device {r}: {msg}") from None
+                raise ValueError(f"node {op.name!r} on device {r}: {first_line(e)}") from None
         for j, t in enumerate(op.outputs):
             env[t] = [results[r][j] for r in range(p)]
     out = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 
 # inputs that carry shapes, axes, indices or scalars of an op, never sharded data
 SHAPE_INPUTS = {
@@ -115,10 +115,12 @@ def _load_present_external(model, base: Path) -> None:
     """Load external weights whose files exist inside the model's folder; leave the rest."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
+    from solver.io.onnx_common import external_info
+
     for t in model.graph.initializer:
         if not uses_external_data(t):
             continue
-        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        loc = external_info(t).get("location", "")
         f = (base / loc).resolve()
         if loc and base.resolve() in f.parents and f.is_file():
             load_external_data_for_tensor(t, str(base))
@@ -151,7 +153,7 @@ def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
         onnx.checker.check_model(model)
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        first = first_line(e, "invalid model")
         raise MtppError(f"{where}: the ONNX checker rejects the model: {first}") from None
     g = inferred.graph
     shapes: dict[str, tuple[int, ...]] = {}

@@ -18,7 +18,6 @@ Cost model (forward inference, one synchronous SPMD program; docs/sharding.md):
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -287,7 +286,3 @@ def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, fl
 def fmt_strategy(s: Strategy) -> str:
     """The seed's notation: ``((2, 4), (4))``."""
     return "(" + ", ".join("(" + ", ".join(map(str, x)) + ")" for x in s) + ")"
-
-
-def total_flops(program: Program) -> float:
-    return math.fsum(sh.local_flops for sh in program.shardings)

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from solver.files import json_safe
+from solver.outdir import replace_dir, temp_dir_beside
 from solver.sharding.config import annotate, dump_yaml
 from solver.sharding.model import ShardModel
 from solver.sharding.program import Planner, Program, fmt_strategy
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def plan_dict(planner: Planner, program: Program, method: str, status: str) -> dict:
@@ -70,22 +66,19 @@ def plan_dict(planner: Planner, program: Program, method: str, status: str) -> d
     }
 
 
-def write_out(
-    out_dir: str | Path, sm: ShardModel, strategies: dict, plan: dict, force: bool
-) -> None:
+def write_out(out_dir: str | Path, sm: ShardModel, strategies: dict, plan: dict) -> None:
     """Write the three files into a temporary folder beside ``out_dir``, then rename it into
-    place (an existing folder, allowed by ``force``, is moved aside and removed only after)."""
+    place (:func:`solver.outdir.replace_dir`; check ``out_dir`` first with
+    :func:`solver.files.check_output_dir`)."""
     import onnx
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = temp_dir_beside(out_dir)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
         (tmp / "strategies.yaml").write_text(dump_yaml(strategies))
-        (tmp / "plan.json").write_text(json.dumps(plan, indent=1, default=_finite) + "\n")
+        # as on stdout (print_json): numpy values plain, NaN and infinities as null
+        text = json.dumps(json_safe(plan), indent=1, allow_nan=False)
+        (tmp / "plan.json").write_text(text + "\n")
         model = onnx.ModelProto.FromString(sm.source.SerializeToString())
         annotate(model, strategies, {op.name: op.node_index for op in sm.ops})
         big = model.ByteSize() > 1_500_000_000
@@ -95,19 +88,7 @@ def write_out(
             save_as_external_data=big,
             location="annotated.onnx.data",
         )
-        if out_dir.exists() and force:
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            os.replace(out_dir, old)
-            try:
-                os.replace(tmp, out_dir)
-            except OSError:
-                os.replace(old, out_dir)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            if out_dir.exists():
-                out_dir.rmdir()  # empty (check_output_dir refused a non-empty one)
-            os.replace(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -57,6 +57,18 @@ class ShardResult:
         return max(0.0, (self.objective - self.lower_bound) / self.objective)
 
 
+def check_options(time_limit: float, workers: int, seed: int) -> None:
+    """Refuse a time limit, worker count or seed CP-SAT cannot take (its seed is 32-bit)."""
+    from solver.methods import MAX_SEED, MAX_WORKERS
+
+    if not math.isfinite(time_limit) or time_limit <= 0:
+        raise MtppError(f"--time-limit must be a positive number of seconds, got {time_limit}")
+    if not 0 <= workers <= MAX_WORKERS:
+        raise MtppError(f"--workers must be >= 0 and at most {MAX_WORKERS}, got {workers}")
+    if not 0 <= seed <= MAX_SEED:
+        raise MtppError(f"--seed must be >= 0 and at most {MAX_SEED}, got {seed}")
+
+
 def compute_bound(planner: Planner, pins: dict[str, Strategy]) -> float:
     """Sum over operators of their least compute (communication is never negative)."""
     total = 0.0
@@ -145,19 +157,18 @@ def solve_sharding(
     from solver.cluster import Cluster, load_cluster
     from solver.sharding.mesh import make_mesh, parse_mesh
     from solver.sharding.model import ShardModel, load_model
-    from solver.units import parse_quantity
+    from solver.units import parse_memory
 
     if method not in METHODS:
         raise MtppError(f"unknown sharding method {method!r}; use one of {', '.join(METHODS)}")
+    check_options(time_limit, workers, seed)
     t0 = time.perf_counter()
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster, devices)
     shape = parse_mesh(mesh, cluster.devices) if not isinstance(mesh, tuple) else mesh
     if math.prod(shape) != cluster.devices:
         raise MtppError(f"mesh {shape} does not multiply to the {cluster.devices} devices")
-    limit = cluster.capacity
-    if memory is not None:
-        limit = parse_quantity(memory, "bytes", "--memory")
+    limit = cluster.capacity if memory is None else parse_memory(memory)
     if limit is not None and not math.isfinite(limit):
         limit = None
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
