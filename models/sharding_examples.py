@@ -8,13 +8,15 @@
 - ``convnet``: two Conv layers with pooling, Flatten and a Gemm classifier.
 
 ``python models/sharding_examples.py transformer --layers 4 --out t.onnx``; ``--no-weights``
-stores the weights as external references without bytes (shapes only: enough for planning a
-BERT-large-sized model without gigabytes of random numbers).
+stores the weights in ``<out>.data``, a sparse file of the full size whose blocks are never
+written (they read as zeros: shapes only, enough for planning a BERT-large-sized model without
+gigabytes of random numbers; ``--verify`` of such a model compares zeros).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -236,7 +238,27 @@ def main() -> None:
             a.seed, a.layers, a.batch, a.seq, a.hidden, a.heads, vocab=a.vocab, weights=w,
             decoder=a.decoder,
         )  # fmt: skip
+    if not w:
+        _point_at_sparse_file(m, Path(a.out))
     onnx.save(m, a.out)
+
+
+def _point_at_sparse_file(m, out: Path, align: int = 4096) -> None:
+    """Give every external weight its own aligned range of ``<out>.data`` and create that file
+    with ``truncate``: its full size, no block written (as models/llama.py does)."""
+    data = out.with_name(out.name + ".data")
+    offset = 0
+    for t in m.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        length = int(np.prod(t.dims)) * 4  # float32
+        del t.external_data[:]
+        for k, v in (("location", data.name), ("offset", str(offset)), ("length", str(length))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        offset += -(-length // align) * align
+    with open(data, "wb") as fh:
+        fh.truncate(offset)
 
 
 if __name__ == "__main__":

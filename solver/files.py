@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.errors import MtppError
+from solver.errors import MtppError, first_line
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -198,7 +198,7 @@ def read_yaml(path: str | Path, what: str = "file") -> object:
         problem = " ".join(x for x in (e.context, e.problem) if x)
         raise MtppError(f"{path}: not valid YAML ({problem}{where})") from None
     except yaml.YAMLError as e:
-        raise MtppError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise MtppError(f"{path}: not valid YAML ({first_line(e)})") from None
     except RecursionError:
         raise MtppError(f"{path}: YAML nested too deeply (over about 1000 levels)") from None
     except ValueError:  # an integer with more digits than Python converts (4300)

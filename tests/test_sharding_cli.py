@@ -447,3 +447,115 @@ def test_plan_json_is_strict_json_like_stdout(tmp_path):
     text = (tmp_path / "out/plan.json").read_text()
     assert json.loads(text) == {"lower_bound": None, "gap": None, "count": 3}
     assert "Infinity" not in text and "NaN" not in text and '"count": 3\n' in text
+
+
+# ------------------------------------------------- external weights, huge dims, empty --out
+def _external_ffn(folder, location="w.bin"):
+    """examples.ffn (random weights) saved with every weight in one external file."""
+    onnx.save_model(
+        examples.ffn(),
+        folder / "e.onnx",
+        save_as_external_data=True,
+        location=location,
+        size_threshold=0,
+    )
+    return folder / "e.onnx"
+
+
+def _set_external(path, key, value):
+    """Rewrite one external-data field of the model's first external initializer."""
+    m = onnx.load(str(path), load_external_data=False)
+    t = next(t for t in m.graph.initializer if t.data_location == TensorProto.EXTERNAL)
+    for e in t.external_data:
+        if e.key == key:
+            e.value = value
+    onnx.save(m, path)
+
+
+def test_cli_external_weights_load_and_verify(tmp_path, capsys):
+    model = _external_ffn(tmp_path)
+    code = main(["shard", str(model), "-k", "8", "--verify", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["verify"]["ok"]
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("truncate", r"^mtpp: error: tensor '.+': external data file 'w.bin' is too short"),
+        ("empty", r"^mtpp: error: tensor '.+': external data (file 'w.bin' is too short|offset)"),
+        ("offset", r"^mtpp: error: tensor '.+': external data offset 999999 is past the end"),
+        ("missing", r"^mtpp: error: tensor '.+': its external data file 'w.bin' is missing"),
+    ],
+)
+def test_cli_broken_external_weights_are_refused(tmp_path, capsys, damage, match):
+    model = _external_ffn(tmp_path)
+    data = tmp_path / "w.bin"
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif damage == "empty":
+        data.write_bytes(b"")
+    elif damage == "offset":
+        _set_external(model, "offset", "999999")
+    else:
+        data.unlink()
+    assert_refused(capsys, ["shard", model, "-k", "8"], match, watch=tmp_path)
+    assert_refused(capsys, ["shard", model, "-k", "8", "--verify"], match, watch=tmp_path)
+
+
+@pytest.mark.parametrize("location", ["../../../../etc/passwd", "/dev/zero", "../w.bin"])
+def test_cli_external_weights_outside_the_folder_are_refused(tmp_path, capsys, location):
+    (tmp_path / "m").mkdir()
+    model = _external_ffn(tmp_path / "m")
+    (tmp_path / "w.bin").write_bytes((tmp_path / "m/w.bin").read_bytes())  # a valid copy
+    _set_external(model, "location", location)
+    assert_refused(
+        capsys,
+        ["shard", model, "-k", "8", "--verify"],
+        r"^mtpp: error: tensor '.+' keeps its data at .+, outside the model's folder; refusing",
+        watch=tmp_path,
+    )
+
+
+def test_cli_verify_with_inputs_no_machine_can_hold_is_refused(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])
+    w = numpy_helper.from_array(np.random.default_rng(1).random((4, 4), np.float32), "W")
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    onnx.save(
+        helper.make_model(helper.make_graph([node], "dyn", [x], [y], [w])), tmp_path / "d.onnx"
+    )
+    big = ["--dim", "batch=2147483647", "--dim", "seq=2147483647"]
+    assert_refused(
+        capsys,
+        ["shard", tmp_path / "d.onnx", *big, "-k", "2", "--verify"],
+        r"^mtpp: error: input 'x' of shape \[2147483647, 2147483647, 4\] would take .+ more than "
+        r"any machine can hold; use smaller --dim values$",
+        watch=tmp_path,
+    )
+    small = ["--dim", "batch=2", "--dim", "seq=3"]
+    code = main(["shard", str(tmp_path / "d.onnx"), *small, "-k", "2", "--verify", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["verify"]["ok"]
+
+
+def test_cli_out_must_name_a_folder_that_is_no_input(tmp_path, capsys):
+    model = _external_ffn(tmp_path)
+    assert_refused(
+        capsys,
+        ["shard", model, "-k", "8", "--out", ""],
+        r"^mtpp: error: the --out path is empty; give a file or folder name$",
+        watch=tmp_path,
+    )
+    assert_refused(
+        capsys,
+        ["shard", model, "-k", "8", "--out", "  "],
+        r"the --out path is empty",
+        watch=tmp_path,
+    )
+    for inp in (model, tmp_path / "w.bin"):
+        assert_refused(
+            capsys,
+            ["shard", model, "-k", "8", "--out", inp, "--force"],
+            r"the --out folder would replace an input",
+            watch=tmp_path,
+        )

@@ -142,15 +142,10 @@ def load_graph_and_cluster(args: argparse.Namespace):
 
 def memory_arg(args: argparse.Namespace) -> float | None:
     """``--memory SIZE`` in bytes (None when absent): a finite size > 0, e.g. 40GB."""
-    from solver.units import parse_quantity
+    from solver.units import parse_memory
 
     text = getattr(args, "memory", None)
-    if text is None:
-        return None
-    size = parse_quantity(text, "bytes", "--memory")
-    if not 0 < size < math.inf:
-        raise MtppError(f"--memory must be a finite size > 0, e.g. --memory 40GB, got {text!r}")
-    return size
+    return None if text is None else parse_memory(text)
 
 
 PLAIN_WIDTH = 80  # columns of tables written to a pipe or a file
@@ -267,9 +262,11 @@ def print_json(obj: dict) -> None:
 
 
 def input_paths(args: argparse.Namespace) -> list[Path]:
-    """Every file the command reads: the graph, plan, sharding points, a cluster YAML, and an
-    ONNX model's external-data files. An output path must be none of them."""
-    paths = [Path(p) for p in (getattr(args, k, None) for k in ("graph", "plan", "sharding")) if p]
+    """Every file the command reads: the graph or model, plan, sharding points, a strategy
+    config, a cluster YAML, and an ONNX model's external-data files. An output path must be
+    none of them."""
+    keys = ("graph", "model", "plan", "sharding", "config")
+    paths = [Path(p) for p in (getattr(args, k, None) for k in keys) if p]
     cluster = getattr(args, "cluster", None)
     if cluster and Path(cluster).is_file():
         paths.append(Path(cluster))
@@ -288,15 +285,9 @@ def _external_data_files(model: Path) -> list[Path]:
         m = onnx.load(str(model), load_external_data=False)
     except Exception:  # noqa: BLE001 -- any unreadable model: the loader will say why
         return []
-    from solver.io.onnx_common import model_tensors
+    from solver.io.onnx_common import external_locations
 
-    found = set()
-    for t in model_tensors(m):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "")
-            if loc:
-                found.add(model.parent / loc)
-    return sorted(found)
+    return sorted({model.parent / loc for loc in external_locations(m)})
 
 
 def plan_assignment(args, g, cluster):

@@ -7,7 +7,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from solver.cli.common import add_json, console, esc, formatter, parse_dims, print_json
+from solver.cli.common import (
+    add_json,
+    console,
+    esc,
+    formatter,
+    input_paths,
+    parse_dims,
+    print_json,
+)
 from solver.errors import MtppError
 
 EPILOG = """\
@@ -87,9 +95,8 @@ def cmd_shard(args: argparse.Namespace) -> int:
     if Path(args.model).suffix.lower() != ".onnx":
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
     check_options(args.time_limit, args.workers, args.seed)
-    inputs = [args.model] + ([args.config] if args.config else [])
-    if args.out:
-        check_output_dir(args.out, inputs, force=args.force, what="shard")
+    if args.out is not None:
+        check_output_dir(args.out, input_paths(args), force=args.force, what="--out")
     show = args.method == "cpsat" and not args.json
     with SolveProgress(show, f"shard {Path(args.model).name}") as progress:
         res = solve_sharding(
@@ -127,7 +134,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
         plan["verify"] = verify(planner, program, seed=args.seed)
         ok = plan["verify"]["ok"]
-    if args.out:
+    if args.out is not None:
         write_out(args.out, planner.sm, res.strategies, plan)
         plan["out"] = args.out
     for w in warnings:
@@ -150,6 +157,6 @@ def cmd_shard(args: argparse.Namespace) -> int:
     if args.verify:
         v = plan["verify"]
         con.print(f"verify: {'ok' if v['ok'] else 'FAILED'}, max abs diff {v['max_abs_diff']}")
-    if args.out:
+    if args.out is not None:
         con.print(f"wrote {esc(args.out)}: strategies.yaml, plan.json, annotated.onnx")
     return 0 if ok else 1

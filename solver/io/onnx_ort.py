@@ -20,6 +20,19 @@ from solver.units import format_bytes
 MAX_ARRAY_BYTES = 2**62  # past this numpy refuses the shape itself (with --memory-ok)
 
 
+def check_input_size(name: str, shape, dtype) -> None:
+    """Refuse a random input no machine can hold before numpy is asked for it (numpy would
+    raise "array is too big", a ValueError, past :data:`MAX_ARRAY_BYTES`)."""
+    size = np.dtype(dtype).itemsize
+    for d in shape:
+        size *= max(int(d), 0)
+    if size > MAX_ARRAY_BYTES:
+        raise MtppError(
+            f"input {name!r} of shape {list(shape)} would take {format_bytes(size)}, more "
+            "than any machine can hold; use smaller --dim values"
+        )
+
+
 def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = None, seed: int = 0):
     """Seeded random feeds for every real graph input, with dims as fixed in ``model``."""
     from onnx import helper
@@ -35,14 +48,7 @@ def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = Non
         if shapes_by_name and inp.name in shapes_by_name:
             shape = list(shapes_by_name[inp.name])
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        size = dt.itemsize
-        for d in shape:
-            size *= max(int(d), 0)
-        if size > MAX_ARRAY_BYTES:  # numpy would raise "array is too big" (a ValueError)
-            raise MtppError(
-                f"input {inp.name!r} of shape {shape} would take {format_bytes(size)}, more "
-                "than any machine can hold; use smaller --dim values"
-            )
+        check_input_size(inp.name, shape, dt)
         if np.issubdtype(dt, np.floating):
             feeds[inp.name] = rng.standard_normal(shape).astype(dt)
         elif dt == np.bool_:

@@ -149,10 +149,13 @@ def run_sharded(planner: Planner, program: Program, feeds: dict[str, np.ndarray]
 
 def random_inputs(sm: ShardModel, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random model inputs; integer inputs stay inside the range their Gathers index."""
+    from solver.io.onnx_ort import check_input_size
+
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in sm.inputs:
         shape, dtype = sm.shapes[t], sm.dtypes[t]
+        check_input_size(t, shape, dtype)
         if np.issubdtype(dtype, np.integer):
             high = 10
             for i in sm.consumers.get(t, []):

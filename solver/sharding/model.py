@@ -99,6 +99,9 @@ def load_model(path: str | Path, dims: dict[str, int] | None = None) -> ShardMod
         raise MtppError(f"{path}: not a valid ONNX model ({e})") from None
     if not model.graph.node:
         raise MtppError(f"{path}: not a valid ONNX model (no graph nodes)")
+    from solver.io.onnx_load import check_external_paths
+
+    check_external_paths(model, path.parent)  # inspect's check: inside the folder, long enough
     _load_present_external(model, path.parent)
     return from_proto(model, dims or {}, str(path))
 
@@ -112,7 +115,8 @@ class Unloaded:
 
 
 def _load_present_external(model, base: Path) -> None:
-    """Load external weights whose files exist inside the model's folder; leave the rest."""
+    """Load external weights whose files exist inside the model's folder; leave the rest
+    (:func:`load_model` has already refused unsafe, missing or short ones)."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     from solver.io.onnx_common import external_info
