@@ -2,6 +2,7 @@
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -315,3 +316,14 @@ def test_cluster_line_wraps_between_items_not_inside_a_value(capsys):
     assert lines[start].endswith(",") and lines[start + 1].startswith("  ")
     assert "link 16 GB/s" in text and "compute 1 TFLOPS" in text
     assert all(len(x) <= 80 for x in lines)
+
+
+def test_solve_names_the_binding_bound_and_the_tie_break(capsys):
+    """The printed plan says which bound proves it and what the tie-break stage changed."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "tiny_transformer.json"
+    assert main(["solve", str(example), "-q"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "binding lower bound: cpsat" in out
+    assert "tie-break at the same bottleneck: transferred 10 MiB -> 8 MiB" in out
+    assert main(["solve", str(example), "-q", "--set", "tie_break=false"]) == 0
+    assert "tie-break skipped (tie_break=false)" in capsys.readouterr().out

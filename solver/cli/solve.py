@@ -159,6 +159,12 @@ def _print_plan(
         f"objective (max f) {fmt(plan.objective)} s  lower bound {fmt(lb)} s  "
         f"gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
+    bound = plan.stats.get("bound")
+    if isinstance(bound, dict) and bound.get("binding"):
+        con.print(f"binding lower bound: {esc(bound['binding'])} (docs/bounds.md)")
+    tie = plan.stats.get("tie_break")
+    if isinstance(tie, dict) and tie.get("summary"):
+        con.print(esc(tie["summary"]))
     if claim is not None:
         con.print(
             f"claimed by the file: status {esc(claim['claimed_status'] or '-')}, lower bound "
