@@ -21,6 +21,11 @@ A run id hashes everything that defines the run: the graph source (and file cont
 work model, builder parameters, the cluster (an inline cluster by its content), k, the method
 and its options, time limit, seed and repeat.
 
+An optional ``shard:`` key (meshes, memory limits, methods propagate/dp/megatron/cpsat, a
+strategy ``config:`` per method) adds operator-level sharding runs of the config's ONNX graphs
+(:func:`solver.sharding.solve.solve_sharding`), recorded like the pipeline runs; a plan over the
+memory limit is an ERROR record with the memory it needs.
+
 The reports and the proofs of exact optima are in :mod:`solver.experiment_reports`.
 
 Cores: on the local backend each run gets ``max(1, cores // jobs)`` CP-SAT workers (or the
@@ -34,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -127,12 +133,45 @@ class MethodSpec(_Strict):
     cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None  # per run (CP-SAT)
 
 
+SHARD_METHODS = ("propagate", "dp", "megatron", "cpsat")  # solver.sharding.solve.METHODS
+ShardMethodName = Literal["propagate", "dp", "megatron", "cpsat"]
+
+
+class ShardMethodSpec(_Strict):
+    """One operator-sharding method; ``config``: a strategy YAML fixed in the run (propagate
+    starts from it). Its default label is ``shard-<name>``, apart from the pipeline methods."""
+
+    name: ShardMethodName
+    time_limit: Seconds | None = None
+    config: str | None = None
+    label: str | None = None
+    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
+
+    def as_method(self) -> MethodSpec:
+        """The spec as the runners see it (label and cpus by label)."""
+        label = self.label or f"shard-{self.name}"
+        return MethodSpec(name=self.name, time_limit=self.time_limit, label=label, cpus=self.cpus)
+
+
+class ShardSpec(_Strict):
+    """Operator-level sharding of the config's ONNX graphs: meshes x memory limits x methods.
+    A memory limit of null is the cluster's device capacity."""
+
+    meshes: list[Annotated[str, Field(min_length=1)] | Count] = Field(min_length=1)
+    memory: list[Annotated[str, Field(min_length=1)] | int | float | None] = [None]
+    methods: list[ShardMethodName | ShardMethodSpec] = Field(min_length=1)
+
+    def method_specs(self) -> list[ShardMethodSpec]:
+        return [ShardMethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     graphs: list[GraphSpec] = Field(min_length=1)
     clusters: list[str | dict[str, Any]] = ["file"]
     devices: list[Count | None] = [None]  # None: the graph file's k (or the cluster's)
-    methods: list[str | MethodSpec] = Field(min_length=1)
+    methods: list[str | MethodSpec] = []  # pipeline partitioning methods
+    shard: ShardSpec | None = None  # operator-level sharding runs (solver.sharding)
     time_limit: Seconds = 60.0
     seeds: list[Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]] = [0]
     repeats: Count = 1
@@ -140,12 +179,24 @@ class ExperimentConfig(_Strict):
     backend: Literal["local", "ray"] | None = None  # the command line's --backend wins
     address: Annotated[str, Field(min_length=1)] | None = None  # a Ray cluster to join
 
-    def method_specs(self) -> list[MethodSpec]:
+    @model_validator(mode="after")
+    def _some_methods(self):
+        if not self.methods and self.shard is None:
+            raise ValueError("give 'methods' (pipeline partitioning) or 'shard' (or both)")
+        return self
+
+    def pipeline_specs(self) -> list[MethodSpec]:
+        """The pipeline partitioning methods."""
         return [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
 
+    def method_specs(self) -> list[MethodSpec]:
+        """Every method by its label: the pipeline ones, then the sharding ones."""
+        shard = [m.as_method() for m in self.shard.method_specs()] if self.shard else []
+        return self.pipeline_specs() + shard
+
     def size(self) -> int:
-        """How many runs the cross product has."""
-        return (
+        """How many runs the cross product has (sharding runs: every graph counted)."""
+        pipeline = (
             len(self.graphs)
             * len(self.clusters)
             * len(self.devices)
@@ -153,6 +204,12 @@ class ExperimentConfig(_Strict):
             * len(self.seeds)
             * self.repeats
         )
+        if self.shard is None:
+            return pipeline
+        sh = self.shard
+        return pipeline + len(self.graphs) * len(self.clusters) * len(sh.meshes) * len(
+            sh.memory
+        ) * len(sh.methods) * len(self.seeds)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "GraphSpec", "MethodSpec"}
@@ -209,7 +266,7 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
         _duplicates(list(cfg.clusters), "clusters")
         _duplicates(list(cfg.devices), "devices")
         _duplicates(list(cfg.seeds), "seeds")
-        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
+        _duplicates([m.label or m.name for m in cfg.pipeline_specs()], "methods")
     except MtppError as e:
         raise MtppError(f"{path}: {e}") from None
     for i, gs in enumerate(cfg.graphs):
@@ -226,7 +283,7 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
                 load_cluster(cluster_ref(c, base))
         except MtppError as e:
             raise MtppError(f"{path}: key 'clusters.{i}': {e}") from None
-    for i, m in enumerate(cfg.method_specs()):
+    for i, m in enumerate(cfg.pipeline_specs()):
         if m.name not in METHODS:
             raise MtppError(
                 f"{path}: key 'methods.{i}': unknown method {m.name!r}; choose one of "
@@ -236,7 +293,71 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
             check_method_options(m.name, m.options)
         except MtppError as e:
             raise MtppError(f"{path}: key 'methods.{i}.options': {e}") from None
+    if cfg.shard is not None:
+        check_shard(cfg, base, bench, path)
     return cfg, base
+
+
+SHARD_SOURCES = ("onnx", "zoo", "generate")  # graphs that are ONNX models
+
+
+def check_shard(cfg: ExperimentConfig, base: Path, bench: Path, path: Path) -> None:
+    """The ``shard:`` key: an ONNX graph to shard, meshes, memory sizes, config files."""
+    from solver.units import parse_memory
+
+    sh = cfg.shard
+    if not any(getattr(gs, k) is not None for gs in cfg.graphs for k in SHARD_SOURCES):
+        raise MtppError(
+            f"{path}: key 'shard': shards ONNX models; give a graph with onnx, zoo or generate"
+        )
+    for i, m in enumerate(sh.meshes):
+        mesh_shape(m, f"{path}: key 'shard.meshes.{i}'")
+    for i, m in enumerate(sh.memory):
+        if m is not None:
+            parse_memory(m, f"{path}: key 'shard.memory.{i}'")
+    try:
+        _duplicates([mesh_shape(m, "") for m in sh.meshes], "shard.meshes")
+        _duplicates([_memory_bytes(m) for m in sh.memory], "shard.memory")
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None
+    try:
+        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
+    except MtppError as e:
+        raise MtppError(f"{path}: {e} (a sharding method takes a 'label:')") from None
+    for i, m in enumerate(sh.method_specs()):
+        if m.config is not None:
+            try:
+                shard_config(m.config, base)
+            except MtppError as e:
+                raise MtppError(f"{path}: key 'shard.methods.{i}.config': {e}") from None
+
+
+def mesh_shape(mesh: str | int, where: str) -> tuple[int, ...]:
+    """``"2x4"`` (or 8) -> (2, 4) (or (8,)); anything else is refused naming ``where``."""
+    try:
+        shape = tuple(int(x) for x in str(mesh).lower().split("x"))
+    except ValueError:
+        raise MtppError(f"{where}: write a mesh as sizes joined by 'x', e.g. 2x4") from None
+    if any(s < 1 for s in shape) or math.prod(shape) > 1_000_000:
+        raise MtppError(f"{where}: every mesh axis must be >= 1 (at most 1,000,000 devices)")
+    return shape
+
+
+def _memory_bytes(m: str | int | float | None) -> float | None:
+    from solver.units import parse_memory
+
+    return None if m is None else parse_memory(m, "memory")
+
+
+def shard_config(val: str, base: Path) -> dict:
+    """A strategy YAML (node name -> strategy), read on the driver so that it is part of the
+    run id and travels with the run to any backend; node names are checked by the run."""
+    data = read_yaml(_find(val, base), "strategy file")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise MtppError(f"{val}: write one 'node name: [[2, 1], [1, 4]]' per line")
+    return {str(k): v for k, v in data.items()}
 
 
 def check_builder_params(gs: GraphSpec) -> None:
@@ -372,7 +493,7 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
         for ci, (c_name, c_ident) in enumerate(clusters):
             c_key = _digest(c_ident)
             for k in cfg.devices:
-                for ms in cfg.method_specs():
+                for ms in cfg.pipeline_specs():
                     tl = ms.time_limit or cfg.time_limit
                     for seed in cfg.seeds:
                         for rep in range(cfg.repeats):
@@ -404,6 +525,66 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
                                     "time_limit": tl,
                                     "seed": seed,
                                     "repeat": rep,
+                                }
+                            )
+    if cfg.shard is not None:
+        runs += _expand_shard(cfg, base, graphs, labels, clusters)
+    return runs
+
+
+def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -> list[dict]:
+    """The sharding runs: ONNX graphs x clusters x meshes x memory limits x methods x seeds."""
+    sh = cfg.shard
+    runs = []
+    for gi, (label, g_ident) in enumerate(graphs):
+        gs = cfg.graphs[gi]
+        if not any(getattr(gs, k) is not None for k in SHARD_SOURCES):
+            continue
+        if labels.count(label) > 1:
+            label = f"{label}#{gi}"
+        for ci, (c_name, c_ident) in enumerate(clusters):
+            for mesh in sh.meshes:
+                shape = mesh_shape(mesh, "shard.meshes")
+                for mem in sh.memory:
+                    mem_bytes = _memory_bytes(mem)
+                    for ms in sh.method_specs():
+                        tl = ms.time_limit or cfg.time_limit
+                        options = {"config": shard_config(ms.config, base)} if ms.config else {}
+                        for seed in cfg.seeds:
+                            ident = {
+                                "kind": "shard",
+                                "graph": g_ident,
+                                "cluster": c_ident,
+                                "mesh": list(shape),
+                                "memory": mem_bytes,
+                                "method": ms.name,
+                                "options": options,
+                                "time_limit": tl,
+                                "seed": seed,
+                            }
+                            runs.append(
+                                {
+                                    "id": _digest(ident),
+                                    "kind": "shard",
+                                    "graph": label,
+                                    "graph_key": _digest(g_ident),
+                                    "source": g_ident["source"],
+                                    "graph_index": gi,
+                                    "cluster_index": ci,
+                                    "cluster": c_name,
+                                    "cluster_key": _digest(c_ident),
+                                    "cluster_spec": "inline" if "inline" in c_ident else c_name,
+                                    "devices": math.prod(shape),
+                                    "mesh": "x".join(map(str, shape)),
+                                    "mesh_shape": list(shape),
+                                    "memory": None if mem is None else str(mem),
+                                    "memory_bytes": mem_bytes,
+                                    "method": ms.as_method().label,
+                                    "method_name": ms.name,
+                                    "options": options,
+                                    "time_limit": tl,
+                                    "seed": seed,
+                                    "repeat": 0,
                                 }
                             )
     return runs
@@ -470,6 +651,8 @@ def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> d
     from solver.io import load_graph, resolve_cluster
     from solver.methods import SolveOptions, solve
 
+    if desc.get("kind") == "shard":
+        return solve_shard_run(desc, gs_data, graph, cluster, workers)
     gs = GraphSpec.model_validate(gs_data)
     t0 = time.perf_counter()
     rec = dict(desc)
@@ -497,6 +680,47 @@ def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> d
         else:
             rec["_plan"] = plan.to_dict()
             rec.update(status=plan.status, objective=plan.objective, lower_bound=plan.lower_bound)
+    except MtppError as e:
+        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
+    rec["wall_seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def solve_shard_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
+    """One sharding run (:func:`solver.sharding.solve.solve_sharding`): its record, with the
+    strategies under ``_plan``. A plan over the memory limit, or none within it, is an ERROR
+    record with the reason."""
+    from solver.cluster import cluster_from_dict, load_cluster
+    from solver.sharding.solve import solve_sharding
+
+    gs = GraphSpec.model_validate(gs_data)
+    t0 = time.perf_counter()
+    rec = dict(desc)
+    try:
+        if isinstance(cluster, dict):
+            cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
+        else:  # "file": an ONNX model states no cluster, so the default preset
+            cl = load_cluster(None if cluster == "file" else cluster, desc["devices"])
+        res = solve_sharding(
+            graph,
+            mesh=tuple(desc["mesh_shape"]),
+            method=desc["method_name"],
+            memory=desc["memory_bytes"],
+            config=desc["options"].get("config"),
+            time_limit=desc["time_limit"],
+            cluster=cl,
+            dims=gs.dims,
+            workers=workers,
+            seed=desc["seed"],
+        )
+        rec.update(nodes=len(res.planner.sm.ops), k=cl.devices, cluster_name=cl.name)
+        rec.update(status=res.status, objective=res.objective, lower_bound=res.lower_bound)
+        rec["memory_per_device"] = res.program.memory_per_device
+        rec["_plan"] = {
+            "kind": "shard",
+            "mesh": desc["mesh_shape"],
+            "strategies": {n: [list(d) for d in s] for n, s in res.strategies.items()},
+        }
     except MtppError as e:
         rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
     rec["wall_seconds"] = time.perf_counter() - t0
