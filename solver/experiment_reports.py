@@ -235,16 +235,7 @@ def summary_markdown(rows: list[dict], name: str) -> str:
     insts = {_instance(r): r for r in rows}
     proven = sum(1 for r in insts.values() if r["exact_optimum"] is not None)
     lines += ["", f"Instances (graph, cluster, k): {len(insts)}; with a proven optimum: {proven}."]
-    conflicts = sorted(
-        {
-            (r["graph"], str(r.get("cluster")), str(r.get("k")), r["exact_source"])
-            for r in rows
-            if (r.get("exact_source") or "").startswith("CONFLICT")
-        }
-    )
-    if conflicts:
-        lines += ["", "Proofs that disagree (no optimum is used for these instances):", ""]
-        lines += [f"- {g} on {c}, k={k}: {src}" for g, c, k, src in conflicts]
+    lines += _conflict_lines(rows, lambda r: f"{r['graph']} on {r.get('cluster')}, k={r.get('k')}")
     return "\n".join(lines) + "\n"
 
 
@@ -290,17 +281,24 @@ def shard_markdown(rows: list[dict]) -> str:
         "",
         f"Instances (model, cluster, mesh, memory): {len(insts)}; with a proven optimum: {proven}.",
     ]
+    lines += _conflict_lines(
+        rows, lambda r: f"{r['graph']} on mesh {r['mesh']}, memory {r.get('memory')}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _conflict_lines(rows: list[dict], instance) -> list[str]:
+    """The report lines listing instances whose proofs disagree (``instance(r)`` names one)."""
     conflicts = sorted(
         {
-            (r["graph"], r["mesh"], str(r.get("memory")), r["exact_source"])
+            f"- {instance(r)}: {r['exact_source']}"
             for r in rows
             if (r.get("exact_source") or "").startswith("CONFLICT")
         }
     )
-    if conflicts:
-        lines += ["", "Proofs that disagree (no optimum is used for these instances):", ""]
-        lines += [f"- {g} on mesh {m}, memory {mem}: {src}" for g, m, mem, src in conflicts]
-    return "\n".join(lines) + "\n"
+    if not conflicts:
+        return []
+    return ["", "Proofs that disagree (no optimum is used for these instances):", "", *conflicts]
 
 
 def _save_figure(fig, path: Path) -> None:

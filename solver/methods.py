@@ -562,6 +562,16 @@ def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
     return BoundReport(value, "universal", {"universal": value}, time.perf_counter() - t0)
 
 
+def bound_stats(rep, binding: str | None = None, value: float | None = None) -> dict:
+    """``stats["bound"]`` of a plan: the binding bound's name and value (the certified report's
+    own unless a method's proof binds) and every certified bound."""
+    return {
+        "binding": rep.binding if binding is None else binding,
+        "value": rep.value if value is None else value,
+        "certified": rep.to_dict(),
+    }
+
+
 def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
     """``plan`` with the best proven bound: its method's own (an exact method's proof) or the
     certified one, whichever is larger; ``stats["bound"]`` names the binding one. A plan the
@@ -590,7 +600,7 @@ def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
             resolution = 0.0
     stats = dict(plan.stats)
     stats.pop("raw_lower_bound", None)
-    stats["bound"] = {"binding": binding, "value": bound, "certified": rep.to_dict()}
+    stats["bound"] = bound_stats(rep, binding, bound)
     return make_plan(
         g,
         cluster,

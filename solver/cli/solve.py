@@ -278,7 +278,7 @@ EVALUATE_BOUND_SECONDS = 2.0  # time for the certified bounds of a plan being ev
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from solver.cluster import cluster_from_dict
     from solver.cost import validate
-    from solver.methods import certified_bound
+    from solver.methods import bound_stats, certified_bound
     from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
 
     g, cluster = load_graph_and_cluster(args)
@@ -298,11 +298,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         lower_bound=None if rep is None else rep.value,
     )
     if rep is not None:
-        plan.stats["bound"] = {
-            "binding": rep.binding,
-            "value": rep.value,
-            "certified": rep.to_dict(),
-        }
+        plan.stats["bound"] = bound_stats(rep)
     proven = plan.status == OPTIMAL
     recorded = None
     if isinstance(data.get("cluster"), dict):
