@@ -25,7 +25,7 @@ from solver.cluster import Cluster
 from solver.cost import lower_bound, validate
 from solver.errors import MtppError
 from solver.graph import Graph, coarse_view
-from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
+from solver.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, Plan, make_plan
 
 LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for its hint
 WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
@@ -33,6 +33,7 @@ BOUND_SHARE = 0.15  # share of the time limit for the certified lower bounds (so
 BOUND_MAX_SECONDS = 10.0
 MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 MAX_WORKERS = 1024
+PLACING_METHODS = ("manual", "cpsat", "brute")  # they choose (or are given) the devices
 
 
 @dataclass
@@ -268,7 +269,13 @@ def quick_assignment(
 ) -> tuple[float, np.ndarray | None]:
     """Best plan of the fast deterministic slicings (breadth- and depth-first orders) and the
     time-balanced baseline, as (objective, assignment on the original graph). The slicings
-    stop at ``deadline`` (``time.perf_counter()``); the baseline is always there first."""
+    stop at ``deadline`` (``time.perf_counter()``); the baseline is always there first.
+
+    On a cluster whose devices or links differ, the blocks are found on the flat planning
+    views (:func:`solver.placement.planning_cluster`) and the objective is that of their best
+    placement (:func:`solver.placement.best_placement`)."""
+    if not cluster.homogeneous:
+        return _quick_placed(g, cluster, deadline)
     from solver.cost import evaluate
     from solver.heuristics.baselines import contiguous_split
     from solver.heuristics.orders import depth_first_order
@@ -289,6 +296,20 @@ def quick_assignment(
     if best_a is None:
         return math.inf, None
     return best, best_a[labels]
+
+
+def _quick_placed(g: Graph, cluster: Cluster, deadline: float) -> tuple[float, np.ndarray | None]:
+    """:func:`quick_assignment` on a heterogeneous cluster (see there)."""
+    from solver.placement import best_placement, planning_cluster
+
+    best, best_a = math.inf, None
+    for biggest in (False, True):
+        _, a = quick_assignment(g, planning_cluster(cluster, biggest), deadline)
+        if a is not None:
+            val = best_placement(g, cluster, a).objective
+            if val < best:
+                best, best_a = val, a
+    return best, best_a
 
 
 def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
@@ -337,15 +358,28 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
 
 
 def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
-    """Exact CP-SAT model, warm-started by the quick heuristics."""
+    """Exact CP-SAT model, warm-started by the quick heuristics and the exact DP over the
+    separator chain (:mod:`solver.heuristics.warmstart`), whose proven optimum needs no search."""
     from solver.exact.cpsat import CpsatOptions, solve_cpsat
+    from solver.heuristics.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
     from solver.progress import SolveProgress
 
     t0 = time.perf_counter()
     with SolveProgress(enabled=opts.progress, title=f"cpsat {g.name}") as prog:
-        prog.note("warm start (slicing topological orders)")
         warm_deadline = t0 + WARM_START_SHARE * opts.time_limit
+        # the exact DP over the separator chain (cached from the bound stage) first: when it
+        # proves its plan optimal, no search can improve it
+        dp = chain_warm_start(g, cluster, warm_deadline)
+        if skips_search(dp):
+            tie = bool(opts.extra.get("tie_break", True))
+            plan = proven_plan(g, cluster, dp, "cpsat", t0, tie)
+            prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
+            return plan
+        prog.note("warm start (slicing topological orders)")
         best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
+        dp_best, dp_hint = hint_of(dp, g)
+        if dp_best < best:
+            best, hint = dp_best, dp_hint
         cg, labels = coarse_view(g)
         if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline:
             # on large graphs CP-SAT improves a hint slowly: spend the rest of the warm-start
@@ -479,20 +513,25 @@ METHODS: dict[str, Callable[[Graph, Cluster, SolveOptions], Plan | None]] = {
 def _single_block(g: Graph, cluster: Cluster, method: str, t0: float) -> Plan | None:
     """k = 1: the one plan there is (optimal by enumeration), or None when it does not fit."""
     from solver.cost import evaluate
+    from solver.placement import best_placement
 
     a = np.zeros(g.n, dtype=np.int64)
-    if validate(g, cluster, a):
+    best = best_placement(g, cluster, a)  # homogeneous: block 0 on device 0
+    if best.devices is None or validate(g, cluster, a, placement=best.devices):
         return None
     return make_plan(
         g,
         cluster,
         a,
         method,
-        lower_bound=evaluate(g, cluster, a).objective,
-        status=OPTIMAL,
+        lower_bound=evaluate(g, cluster, a, placement=best.devices).objective
+        if best.exact
+        else lower_bound(g, cluster),
+        status=OPTIMAL if best.exact else FEASIBLE,
         wall_seconds=time.perf_counter() - t0,
         stats={"trivial": "one block: the only plan"},
         check=False,
+        placement=None if cluster.homogeneous else best.devices,
     )
 
 
@@ -541,7 +580,12 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
     opts = replace(opts, time_limit=max(0.05, opts.time_limit - rep.seconds))
-    if method == "manual" or k == cluster.devices:  # manual: its device numbers come from the file
+    if not cluster.homogeneous and method not in PLACING_METHODS:
+        plan = _plan_then_place(fn, g, cluster, k, opts)
+    elif method == "manual" or k == cluster.devices or not cluster.homogeneous:
+        # manual: its device numbers come from the file; cpsat and brute choose the devices
+        # themselves on a heterogeneous cluster, so they see every device even with fewer
+        # blocks than devices
         plan = fn(g, cluster, opts)
     else:
         plan = fn(g, cluster.with_devices(k), opts)
@@ -549,17 +593,100 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     return None if plan is None else certify(g, cluster, plan, rep)
 
 
+def _run_blocks(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
+    """Run ``fn`` on a homogeneous ``cluster`` with k blocks (widened to every device)."""
+    if k == cluster.devices:
+        return fn(g, cluster, opts)
+    plan = fn(g, cluster.with_devices(k), opts)
+    return None if plan is None else _widen(plan, g, cluster)
+
+
+def _plan_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
+    """A heuristic on a cluster whose devices or links differ: its blocks are found on the
+    flat planning view (the smallest device's memory, so that every block fits any device;
+    again with the largest when that finds none or its blocks cannot be placed), then
+    :func:`solver.placement.best_placement` chooses each block's device on the real cluster.
+    The plan carries the universal bound of the real cluster, never the flat view's."""
+    from solver.placement import planning_cluster
+
+    views = [planning_cluster(cluster)]
+    if planning_cluster(cluster, biggest=True) != views[0]:
+        views.append(planning_cluster(cluster, biggest=True))
+    for i, flat in enumerate(views):
+        last = i == len(views) - 1
+        try:
+            plan = _run_blocks(fn, g, flat, k, opts)
+        except MtppError:
+            if last:
+                raise
+            continue
+        if plan is None:
+            if last:
+                return None
+            continue
+        placed = place_plan(g, cluster, plan)
+        if placed is not None or last:
+            if placed is None:
+                raise MtppError(
+                    f"{plan.method} found blocks but no placement of them on the devices of "
+                    f"{cluster.name!r} fits every device's capacity; try --method cpsat, "
+                    "which chooses blocks and devices together"
+                )
+            return placed
+    return None
+
+
+def place_plan(g: Graph, cluster: Cluster, plan: Plan) -> Plan | None:
+    """``plan``'s blocks on the best placement of them on ``cluster`` (re-evaluated there,
+    FEASIBLE, with the universal bound of ``cluster``), or None when no placement fits."""
+    from solver.placement import best_placement
+
+    best = best_placement(g, cluster, plan.assignment)
+    if best.devices is None:
+        return None
+    stats = dict(plan.stats)
+    stats.pop("raw_lower_bound", None)
+    stats.pop("optimal_within", None)
+    stats["placement"] = {
+        "how": "best placement of the blocks" + (" (proven)" if best.exact else " (local search)"),
+        "planned_on": plan.cluster.name,
+    }
+    return make_plan(
+        g,
+        cluster,
+        plan.assignment,
+        plan.method,
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=plan.wall_seconds,
+        stats=stats,
+        check=False,
+        placement=best.devices,
+    )
+
+
 def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
-    """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``). On a cluster whose
-    devices or links differ, only the universal bound, which holds for every placement of the
-    blocks on the devices (:func:`solver.cost.lower_bound`)."""
+    """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``).
+
+    On a cluster whose devices or links differ they are computed on ``cluster.relaxation()``
+    (every device as fast and as big as the best one, every link as fast as the fastest) with
+    the work divided by the largest speed-up: every plan on every placement costs at least
+    its cost there, so they bound the real problem too; the universal bound
+    (:func:`solver.cost.lower_bound`) joins them.
+    """
     from solver.bounds import BoundReport, certified_lower_bound
 
     if cluster.homogeneous:
         return certified_lower_bound(g, cluster, time_limit=time_limit)
     t0 = time.perf_counter()
+    flat, speedup = cluster.relaxation()
+    fast_g = g if speedup == 1.0 else replace(g, work=g.work / speedup)
+    rep = certified_lower_bound(fast_g, flat, time_limit=time_limit)
     value = float(lower_bound(g, cluster))
-    return BoundReport(value, "universal", {"universal": value}, time.perf_counter() - t0)
+    bounds = {**rep.bounds, "universal": value}
+    if value > rep.value:
+        return BoundReport(value, "universal", bounds, time.perf_counter() - t0)
+    return BoundReport(rep.value, rep.binding, bounds, time.perf_counter() - t0)
 
 
 def bound_stats(rep, binding: str | None = None, value: float | None = None) -> dict:
@@ -577,21 +704,32 @@ def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
     certified one, whichever is larger; ``stats["bound"]`` names the binding one. A plan the
     method could not prove becomes OPTIMAL when the certified bound meets its objective.
 
-    The methods plan with the cluster-wide device values, so on a cluster whose devices or links
-    differ their own bounds are dropped (they price the cluster-wide values, not the real
-    devices) and a plan over some device's capacity is refused.
+    On a cluster whose devices or links differ, a method's own bound is kept only when it
+    covers every plan and placement (``stats["bound_scope"]``, the CP-SAT model with
+    placement); a plan over some device's capacity is placed again
+    (:func:`solver.placement.best_placement`) and refused only when no placement fits.
     """
+    placement = plan.placement
     if not cluster.homogeneous:
-        bad = [v for v in validate(g, cluster, plan.assignment) if v.kind == "capacity"]
+        bad = validate(g, cluster, plan.assignment, placement=placement)
+        bad = [v for v in bad if v.kind == "capacity"]
+        if bad and plan.method != "manual":
+            placed = place_plan(g, cluster, plan)
+            if placed is None:
+                raise MtppError(
+                    f"{plan.method}'s plan fits no placement of its blocks on the devices of "
+                    f"{cluster.name!r} ({bad[0]}); use more devices or --method cpsat"
+                )
+            plan, placement, bad = placed, placed.placement, []
         if bad:
             raise MtppError(
-                f"{plan.method} planned with the cluster-wide memory and its plan does not fit "
-                f"this cluster's devices ({bad[0]}); per-device memory is not modelled by the "
-                "pipeline methods yet: use --memory to state the smallest device's capacity"
+                f"{plan.method}'s plan does not fit the devices it names ({bad[0]}); "
+                "change the devices in the sharding file"
             )
-    own = plan.lower_bound if cluster.homogeneous else None
+    covers = cluster.homogeneous or plan.stats.get("bound_scope") == ALL_PLACEMENTS
+    own = plan.lower_bound if covers else None
     if own is not None and own >= rep.value:
-        binding, bound, status = plan.method, own, plan.status
+        binding, bound, status = plan.stats.get("bound_source", plan.method), own, plan.status
         resolution = float(plan.stats.get("optimal_within", 0.0))
     else:  # a method's proof within its rounding resolution stays one under a larger bound
         binding, bound, status = rep.binding, rep.value, OPTIMAL
@@ -612,4 +750,5 @@ def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
         stats=stats,
         check=False,
         resolution=resolution,
+        placement=placement,
     )

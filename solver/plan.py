@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from solver.cluster import MAX_DEVICES, Cluster
-from solver.cost import Evaluation, evaluate, validate
+from solver.cost import Evaluation, check_placement, evaluate, validate
 from solver.errors import MtppError
 from solver.files import read_json, shown, write_json_atomic
 from solver.graph import Graph
@@ -31,6 +31,9 @@ BOUND_ABS_TOL = 1e-12
 OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
 INVALID = "INVALID"  # a plan that breaks a hard constraint (evaluate only; solvers refuse it)
 ERROR = "ERROR"  # an experiment run that failed; its record carries the reason
+# stats["bound_scope"] of a method whose own bound holds for every plan and every placement
+# of its blocks on the devices (CP-SAT and brute force on a heterogeneous cluster)
+ALL_PLACEMENTS = "all plans and placements"
 
 
 class InvalidBoundError(AssertionError):
@@ -57,6 +60,7 @@ class Plan:
     lower_bound: float | None = None
     wall_seconds: float = 0.0
     stats: dict = field(default_factory=dict)
+    placement: np.ndarray | None = None  # device of each block; None: block b on device b
 
     @property
     def k(self) -> int:
@@ -104,7 +108,7 @@ class Plan:
             "assignment": {
                 n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)
             },
-        }
+        } | ({} if self.placement is None else {"placement": self.placement.tolist()})
 
 
 def make_plan(
@@ -119,6 +123,7 @@ def make_plan(
     stats: dict | None = None,
     check: bool = True,
     resolution: float = 0.0,
+    placement: object = None,
 ) -> Plan:
     """Evaluate ``assignment`` and wrap it as a :class:`Plan`.
 
@@ -130,13 +135,17 @@ def make_plan(
     ``resolution`` (seconds, absolute) is the worst-case rounding error of an exact model whose
     integer optimum was proven: OPTIMAL is then also kept when objective - bound is at most
     that, and ``stats["optimal_within"]`` states it (see :func:`optimal_within`).
+
+    ``placement[b]`` is the device running block b (see :func:`solver.cost.check_placement`;
+    default b); the plan keeps it and writes it to JSON when one was given.
     """
     a = np.asarray(assignment, dtype=np.int64)
+    dev = None if placement is None else check_placement(cluster, cluster.devices, placement)
     if check:
-        bad = validate(g, cluster, a)
+        bad = validate(g, cluster, a, placement=dev)
         if bad:
             raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
-    ev = evaluate(g, cluster, a)
+    ev = evaluate(g, cluster, a, placement=dev)
     stats = dict(stats or {})
     if lower_bound is not None:
         lower_bound = float(lower_bound)
@@ -161,6 +170,7 @@ def make_plan(
         lower_bound=lower_bound,
         wall_seconds=float(wall_seconds),
         stats=stats,
+        placement=dev,
     )
     if plan.status == OPTIMAL and (plan.gap is None or plan.gap > OPTIMALITY_TOL):
         if plan.gap is not None and optimal_within(plan.objective, plan.lower_bound, resolution):
@@ -235,3 +245,31 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
             )
         a[g.index[name]] = b
     return a, data
+
+
+def read_plan_placement(data: dict, path: str | Path, cluster: Cluster) -> np.ndarray | None:
+    """The ``placement`` of a plan file read by :func:`read_plan_assignment` (the device of
+    each block, checked against ``cluster``), or None when the file has none (older plans:
+    block b runs on device b) or the cluster is homogeneous (where it changes nothing)."""
+    raw = data.get("placement")
+    if raw is None or cluster.homogeneous:  # alike devices and links: the placement is moot
+        return None
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in raw
+    ):
+        raise MtppError(f"{path}: 'placement' must list one whole device number per block")
+    if len(raw) != cluster.devices:
+        raise MtppError(
+            f"{path}: 'placement' lists {len(raw)} devices but the cluster has "
+            f"{cluster.devices}; one device per block"
+        )
+    bad = [d for d in raw if not 0 <= d < cluster.devices]
+    if bad:
+        raise MtppError(
+            f"{path}: 'placement' names device {shown(bad[0])}, but devices are "
+            f"0..{cluster.devices - 1}"
+        )
+    try:
+        return check_placement(cluster, cluster.devices, np.array(raw, dtype=np.int64))
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from solver.bounds import certified_lower_bound
 from solver.bounds.chain import bins_needed, chain_bound, separators, work_chain_bound
@@ -19,11 +20,11 @@ from solver.bounds.items import items
 from solver.bounds.packing import cannot_pack, smallest_capacity
 from solver.bounds.weights import capacity_infeasible, least_work_for_bytes, weights_bound
 from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound
+from solver.cost import evaluate, lower_bound, validate
 from solver.exact.brute import brute_force
 from solver.graph import Graph
 
-from .conftest import ROOT, problems
+from .conftest import KNOWN_OPTIMA, ROOT, bench_path, problems
 
 TOL = 1e-9
 
@@ -154,7 +155,7 @@ def test_chain_bound_sees_indivisible_layers_the_average_cannot():
     assert lower_bound(g, c) == pytest.approx(7.5)
     assert chain_bound(g, items(g), c, 2) == pytest.approx(13.0, rel=1e-6)
     assert chain_bound(g, items(g), c, 2) <= truth
-    rep = certified_lower_bound(g, c, time_limit=2.0)
+    rep = certified_lower_bound(g, c, time_limit=2.0, ideals=False)  # the relaxations alone
     for name in ("chain", "chain io", "decision", "weights"):  # each sees the 3 layers
         assert rep.bounds[name] == pytest.approx(13.0, rel=1e-4) and rep.bounds[name] <= truth
     assert rep.value == pytest.approx(13.0, rel=1e-5) and rep.value <= truth
@@ -266,3 +267,138 @@ def test_evaluate_agrees_with_chain_example():
     g = _chain(5, 10.0, 1.0)
     c = Cluster("toy", 2, fast_memory=20.0, slow_memory_bandwidth=1.0)
     assert evaluate(g, c, [0, 0, 0, 0, 1, 1, 1]).objective == pytest.approx(13.0)
+
+
+# ---------------------------------------------------------------------- the exact ideal DP
+def _dp(g, c):
+    from solver.graph import coarse_view
+    from solver.heuristics.chain_ideals import chain_ideal_dp
+
+    cg, labels = coarse_view(g)
+    res = chain_ideal_dp(cg, c, c.devices, 0.0, 60.0)
+    return res, (None if res.assignment is None else res.assignment[labels])
+
+
+def _check_dp_against_brute_force(g, c):
+    """The DP's plan is optimal, its bound proves it and never exceeds the optimum, and its
+    tie-break plan sends the fewest bytes (then has the lowest latency) among optimal plans."""
+    from solver.exact.brute import all_assignments
+
+    truth = brute_force(g, c)
+    res, a = _dp(g, c)
+    if "skipped" in res.stats:  # a data edge that is not an order edge: not applicable
+        assert "order edge" in res.stats["skipped"] and res.lower == 0.0
+        return
+    if truth is None:  # no plan fits the capacity: the DP finds none and proves nothing
+        assert a is None and res.lower == 0.0
+        return
+    assert res.lower <= truth.objective * (1 + TOL) + TOL
+    assert a is not None and not validate(g, c, a)
+    ev = evaluate(g, c, a)
+    assert ev.objective == pytest.approx(truth.objective, rel=1e-9, abs=1e-12)
+    assert res.optimal or truth.objective == 0.0
+    best = (math.inf, math.inf)
+    for b in all_assignments(g, c.devices):
+        e = evaluate(g, c, b)
+        if e.objective <= truth.objective * (1 + 1e-9) and not validate(g, c, b):
+            best = min(best, (float(e.bytes_in.sum()), e.latency))
+    assert (float(ev.bytes_in.sum()), ev.latency) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_ideal_dp_equals_the_brute_force_optimum(prob):
+    _check_dp_against_brute_force(*prob)
+
+
+@st.composite
+def decoders(draw):
+    """Small decoder-like graphs: separators joined by gaps of parallel branches (chains of one
+    or two nodes, sometimes with a tensor crossing between them), residual tensors that skip a
+    gap (multicast to the gap and the next separator), weights shared by
+    nodes of different gaps, memory limits and capacities."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    layers = draw(st.integers(1, 3))
+    names, work, size, edges, act = ["s0"], [float(rng.integers(0, 3))], [], [], []
+    size.append(float(rng.integers(0, 4)))
+    prev, gap_nodes = 0, []
+    for lay in range(layers):
+        ends = []
+        for b in range(draw(st.integers(1, 2))):
+            src = prev
+            for depth in range(draw(st.integers(1, 2))):  # a branch is a chain of 1-2 nodes
+                v = len(names)
+                names.append(f"g{lay}{b}{depth}")
+                work.append(float(rng.integers(0, 6)))
+                size.append(float(rng.integers(0, 5)))
+                edges.append((src, v))
+                if depth and rng.random() < 0.5 and ends:
+                    edges.append((ends[0], v))  # a tensor crossing to the other branch
+                gap_nodes.append(v)
+                src = v
+            ends.append(src)
+        s = len(names)
+        names.append(f"s{lay + 1}")
+        work.append(float(rng.integers(0, 4)))
+        size.append(float(rng.integers(0, 4)))
+        edges += [(v, s) for v in ends] + [(prev, s)]  # the residual skips the gap
+        prev = s
+        if len(names) >= 7:
+            break
+    n = len(names)
+    act = rng.integers(0, 4, n).astype(float).tolist()
+    params = [("p0", float(rng.integers(1, 6)), sorted(set(rng.choice(gap_nodes, 2).tolist())))]
+    params.append(("p1", float(rng.integers(1, 6)), [int(rng.integers(0, n))]))
+    g = Graph.build(names, work, size, edges, params=params, act=act, name="decoder")
+    c = Cluster(
+        "toy",
+        draw(st.integers(1, 3)),
+        fast_memory=float(rng.integers(2, 10)) if rng.random() < 0.5 else math.inf,
+        capacity=float(rng.integers(8, 16)) if rng.random() < 0.3 else None,
+        link_bandwidth=float(rng.choice([0.5, 1.0, 2.0])),
+        slow_memory_bandwidth=float(rng.choice([0.5, 1.0, 4.0])),
+    )
+    return g, c
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(decoders())
+def test_ideal_dp_equals_the_brute_force_optimum_on_decoder_chains(prob):
+    g, c = prob
+    assert separators(g).sum() >= 2  # the structure the DP is built for
+    _check_dp_against_brute_force(g, c)
+
+
+def test_ideal_dp_proves_what_the_relaxations_cannot():
+    # s0 -> {a, b} -> s1 -> {c} -> s2 (s0's output also skips to s1), k = 2, B = 1: the
+    # optimum 23 is {s0, a, b, s1} | {c, s2} (work 22 + 1 sent), tied with a cut inside the
+    # gap ({s0, a} | {b, s1, c, s2}: work 18 + 3 + 2 received); the relaxations prove 21
+    g = Graph.build(
+        ["s0", "a", "b", "s1", "c", "s2"],
+        [1.0, 10.0, 10.0, 1.0, 6.0, 1.0],
+        [3.0, 2.0, 2.0, 1.0, 1.0, 0.0],
+        [(0, 1), (0, 2), (1, 3), (2, 3), (0, 3), (3, 4), (4, 5)],
+    )
+    c = Cluster("toy", 2, link_bandwidth=1.0)
+    truth = brute_force(g, c).objective
+    assert truth == pytest.approx(23.0)
+    res, a = _dp(g, c)
+    assert res.optimal and evaluate(g, c, a).objective == pytest.approx(23.0)
+    assert res.lower == pytest.approx(23.0, rel=1e-8) and res.lower <= 23.0
+    rep = certified_lower_bound(g, c, time_limit=2.0, ideals=False)
+    assert rep.value < 21.0 + 1e-6  # the relaxations alone stop at 21
+
+
+def test_ideal_dp_meets_the_known_optimum_of_bert_l12():
+    # an independent check on a real operator graph (783 nodes, 424 coarse, k = 6): the DP's
+    # plan and bound both equal the optimum the dnn-partitioning paper's MIP proved
+    from solver.io import load_graph, resolve_cluster
+
+    key = "OperatorGraphs/bert_l-12_inference"
+    g = load_graph(str(bench_path(key)))
+    c = resolve_cluster(g, None, None)
+    nodes, k, opt = KNOWN_OPTIMA[key]
+    assert (g.n, c.devices) == (nodes, k)
+    res, a = _dp(g, c)
+    assert res.optimal and evaluate(g, c, a).objective == pytest.approx(opt, rel=1e-9)
+    assert res.lower <= opt and res.lower == pytest.approx(opt, rel=1e-8)

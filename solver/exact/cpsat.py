@@ -53,7 +53,8 @@ from solver.errors import MtppError
 from solver.exact.sat import MAX_COEF, new_solver, search_params
 from solver.exact.tiebreak import TIE_BREAK_SHARE, tie_break, tie_break_budget
 from solver.graph import Graph, coarse_view
-from solver.plan import FEASIBLE, OPTIMAL, Plan, make_plan
+from solver.placement import best_placement
+from solver.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
 BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
@@ -89,11 +90,20 @@ class _Model:
     """
 
     def __init__(
-        self, g: Graph, cluster: Cluster, upper: np.ndarray | None, deadline: float = math.inf
+        self,
+        g: Graph,
+        cluster: Cluster,
+        upper: np.ndarray | None,
+        deadline: float = math.inf,
+        upper_cost: float | None = None,
     ):
         self.g, self.cluster = g, cluster
         self.k = cluster.devices
         self.deadline = deadline
+        # a cluster whose devices or links differ: the model also chooses each block's device
+        # class (see _add_placement); upper_cost is then the hint's real cost on its placement
+        self.placed = not cluster.homogeneous
+        self.upper_cost = upper_cost
         self.m = cp_model.CpModel()
         self._choose_scale()
         self.mass_first, self.mass_last, self.mf = self._masses()
@@ -115,7 +125,7 @@ class _Model:
         per_block = np.bincount([b for _, b in self.use], minlength=self.k)
         worst = 0
         for b in range(self.k):
-            err = len(self.terms[b])
+            err = self.placed_terms[b] if self.placed else len(self.terms[b])
             if self.use_over:
                 err += int(per_block[b]) + 2
             worst = max(worst, err)
@@ -129,6 +139,10 @@ class _Model:
     def _choose_scale(self) -> None:
         """Which memory terms can matter, the time scale S and the memory unit (round down:
         integer costs never exceed S * real costs, so the proven bound stays valid)."""
+        self.M_plan = self.cluster.fast_memory  # the M of the counting arguments (_masses)
+        if self.placed:
+            self._choose_scale_placed()
+            return
         g, cluster, k = self.g, self.cluster, self.k
         B, M, Bm = cluster.link_bandwidth, cluster.fast_memory, cluster.slow_memory_bandwidth
         cap = cluster.capacity
@@ -152,6 +166,46 @@ class _Model:
         self.w_int = np.floor(g.work * S).astype(np.int64)
         self.io_int = np.floor(io * S).astype(np.int64)
 
+    def _choose_scale_placed(self) -> None:
+        """:meth:`_choose_scale` on a heterogeneous cluster: S from the slowest device and
+        link; ``w_int`` is the work on the fastest device and ``M_plan`` the largest fast
+        memory (every block costs at least that, whatever its device: the cuts and the domain
+        narrowing stay valid); ``io_int`` the io on the slowest link (0: no io anywhere)."""
+        from solver.placement import device_classes, group_links
+
+        g, cluster, k = self.g, self.cluster, self.k
+        self.classes = cl = device_classes(cluster)
+        self.link_bw, self.link_cls = group_links(cluster)
+        Bm = cluster.slow_memory_bandwidth
+        speed = cl.compute / cluster.compute
+        bw_lo = float(self.link_bw.min())
+        mem_total = g.param_bytes_total + float(g.act.max())
+        self.use_cap = bool(np.any(cl.capacity < mem_total))
+        self.use_over = bool(np.any(np.isfinite(cl.memory) & (cl.memory < mem_total)))
+        self.use_mem = self.use_cap or self.use_over
+        io_lo = g.t_size / bw_lo
+        total = float(g.work.sum() / speed.min() + 2 * io_lo.sum())
+        biggest = float(max(g.work.max() / speed.min(), io_lo.max(initial=0.0)))
+        finite_m = cl.memory[np.isfinite(cl.memory)]
+        if self.use_over:
+            m_lo = float(finite_m.min())
+            total += (mem_total - min(m_lo, mem_total)) / Bm * k
+            top = float(g.p_size.max(initial=0.0) + g.act.max()) / Bm
+            biggest = max(biggest, top, float(finite_m.max()) / Bm)
+            self.M_plan = float(cl.memory.max())
+        S = TARGET_RANGE / total if total > 0 else 1.0
+        if biggest > 0:
+            S = min(S, MAX_COEF / biggest)
+        self.S = S
+        caps = cl.capacity[np.isfinite(cl.capacity)]
+        big_mem = float(max(g.p_size.max(initial=0.0), g.act.max(), caps.max(initial=0.0)))
+        self.mem_unit = 2.0 ** max(0, math.ceil(math.log2(max(big_mem, 1.0) / MAX_COEF)))
+        self.w_int = np.floor(g.work * S / speed.max()).astype(np.int64)
+        self.io_int = np.floor(io_lo * S).astype(np.int64)
+        # per class: work coefficients; the largest any block can cost (T's domain)
+        self.w_class = [np.floor(g.work * S / s).astype(np.int64) for s in speed.tolist()]
+        self.max_f = int(max(w.sum() for w in self.w_class) + 2 * self.io_int.sum())
+
     def _narrow_domains(self, upper: np.ndarray | None) -> None:
         """Blocks each node can take in a plan no worse than ``upper`` (see :meth:`_masses`):
         the hint's integer cost U bounds what the blocks before and after every node hold;
@@ -163,9 +217,13 @@ class _Model:
         if upper is not None:
             # every plan as good as the hint in real numbers has an integer cost at most
             # floor(S * its cost): keep them all (the tie-break picks among them)
-            real = evaluate(g, self.cluster, upper).objective * (1 + 1e-12)
-            self.hint_int = int(self.block_costs_int(upper).max())
-            self.ub_int = ub_int = max(self.hint_int, math.floor(self.S * real))
+            if self.placed:  # the hint's real cost on its placement, given by the caller
+                real = float(self.upper_cost) * (1 + 1e-12)
+                self.ub_int = ub_int = math.floor(self.S * real)
+            else:
+                real = evaluate(g, self.cluster, upper).objective * (1 + 1e-12)
+                self.hint_int = int(self.block_costs_int(upper).max())
+                self.ub_int = ub_int = max(self.hint_int, math.floor(self.S * real))
             if ub_int > 0 and n <= CLOSURE_MAX_NODES:
                 need_before, need_after = self._blocks_needed(ub_int)
                 lo = np.maximum(0, need_before - 1)
@@ -194,7 +252,7 @@ class _Model:
         g = self.g
         first = np.zeros(g.n, dtype=np.int64)
         last = np.zeros(g.n, dtype=np.int64)
-        if not self.use_over:
+        if not self.use_over or math.isinf(self.M_plan):  # a device that never overflows
             return first, last, None
         f = self.S / self.cluster.slow_memory_bandwidth  # the same numbers as _add_memory
         coef = np.floor(g.p_size * f).astype(np.int64)
@@ -205,7 +263,7 @@ class _Model:
                 r = rank[users]
                 first[users[np.argmin(r)]] += int(coef[q])
                 last[users[np.argmax(r)]] += int(coef[q])
-        return first, last, int(math.ceil(self.cluster.fast_memory * f))
+        return first, last, int(math.ceil(self.M_plan * f))
 
     def _blocks_needed(self, ub: int) -> tuple[np.ndarray, np.ndarray]:
         """Least number of blocks that must hold each node with its ancestors (``before``) and
@@ -289,7 +347,7 @@ class _Model:
         self.terms = [[] for _ in range(self.k)]  # (coef, var) per block
         for v in range(g.n):
             for b in range(lo[v], hi[v] + 1):
-                if self.w_int[v]:
+                if self.w_int[v] and not self.placed:  # placed: per class, _add_placement
                     self.terms[b].append((int(self.w_int[v]), x[v][b]))
         self.send: dict[tuple[int, int], object] = {}
         self.recv: dict[tuple[int, int], object] = {}
@@ -336,13 +394,13 @@ class _Model:
         self.ov_hi: list[int] = []
         if not self.use_mem:
             return
-        cap, M = self.cluster.capacity, self.cluster.fast_memory
-        p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
+        cap, M = self.cluster.capacity, self.M_plan
+        self._p_bytes = p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
         self._act_b = act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
         f = self.S / self.cluster.slow_memory_bandwidth
         self._act_t = act_t = np.floor(g.act * f).astype(np.int64)
         self._coef_ov = coef = np.floor(g.p_size * f).astype(np.int64)
-        self._mf_ov = int(math.ceil(M * f)) if self.use_over else 0
+        self._mf_ov = int(math.ceil(M * f)) if self.use_over and not self.placed else 0
         for q in range(g.num_params):
             self._tick(q)
             users = g.p_users[g.p_ptr[q] : g.p_ptr[q + 1]].tolist()
@@ -355,7 +413,7 @@ class _Model:
                         else:
                             m.Add(uq >= x[u][b])
                 self.use[q, b] = uq
-        by_block: list[list[tuple[int, object]]] = [[] for _ in range(k)]
+        self.by_block = by_block = [[] for _ in range(k)]
         for (q, b), var in self.use.items():
             by_block[b].append((q, var))
         for b in range(k):
@@ -367,7 +425,7 @@ class _Model:
                     m.Add(pk >= int(act_b[v]) * x[v][b])
             self.peak_b[b] = pk
             pterms = [(int(p_bytes[q]), var) for q, var in by_block[b]]
-            if self.use_cap:
+            if self.use_cap and not self.placed:  # placed: per device class
                 m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
             if self.use_over:
                 pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
@@ -375,6 +433,8 @@ class _Model:
                     if act_t[v] > 0:
                         m.Add(pt >= int(act_t[v]) * x[v][b])
                 self.peak_t[b] = pt
+                if self.placed:  # the overflow depends on the device class: _add_placement
+                    continue
                 hi_ov = int(coef.sum() + act_t.max())
                 ov = m.NewIntVar(0, hi_ov, f"ov_{b}")
                 self.ov_hi.append(hi_ov)
@@ -388,18 +448,167 @@ class _Model:
         m = self.m
         max_f = int(self.w_int.sum() + 2 * self.io_int.sum())
         max_f += sum(self.ov_hi)
+        if self.placed:
+            max_f = self.max_f + self._placed_overflow_max()
         self.T = T = m.NewIntVar(0, max(1, max_f, self.ub_int or 0), "T")
-        for b in range(self.k):
-            m.Add(_wsum(self.terms[b]) <= T)
+        if self.placed:
+            self._add_placement()
+        else:
+            for b in range(self.k):
+                m.Add(_wsum(self.terms[b]) <= T)
         # T >= S * (universal bound) keeps every plan's integer cost <= S * its real cost
         # (clamped to the hint's integer cost, which rounding can put a few units lower)
         lb_int = int(math.floor(lower_bound(self.g, self.cluster) * self.S * (1 - 1e-12)))
         if self.hint_int is not None:
             lb_int = min(lb_int, self.hint_int)
+        if self.ub_int is not None:
+            lb_int = min(lb_int, self.ub_int)
         if lb_int > 0:
             m.Add(lb_int <= T)
         if self.ub_int is not None:
             m.Add(self.ub_int >= T)
+
+    def _placed_overflow_max(self) -> int:
+        """The largest overflow term of any block on any class (T's domain, placed model)."""
+        if not self.use_over:
+            return 0
+        return int(self._coef_ov.sum() + self._act_t.max())
+
+    def _add_placement(self) -> None:
+        """The device choice on a heterogeneous cluster (docs/clusters.md, "What the solvers
+        do"): y[b][c] = block b runs on a device of class c (one class per block, at most as
+        many blocks as the class has devices); ng[v][h] = node v's block runs in group h. For
+        every (block, class) pair, enforced by y[b][c], the block's cost on that class is at
+        most T: work scaled by the class's compute, overflow against its fast memory, each
+        received tensor at the link from the producer's group, each sent tensor once per
+        link class among its readers' groups (inside the group, between groups), and the
+        class's capacity. Every term is the evaluator's, rounded down: exact up to rounding,
+        so the proven bound holds for every plan and placement."""
+        g, m, k, cl, x, lo, hi = self.g, self.m, self.k, self.classes, self.x, self.lo, self.hi
+        C, H = len(cl), len(self.cluster.groups)
+        self.y = [[m.NewBoolVar(f"y_{b}_{c}") for c in range(C)] for b in range(k)]
+        for b in range(k):
+            m.AddExactlyOne(self.y[b])
+        for c in range(C):
+            m.Add(sum(self.y[b][c] for b in range(k)) <= int(cl.count[c]))
+        in_group = [[c for c in range(C) if cl.group[c] == h] for h in range(H)]
+        gy = [[sum(self.y[b][c] for c in in_group[h]) for h in range(H)] for b in range(k)]
+        self.ng: dict[int, list] = {}
+
+        def group_of(v: int) -> list:
+            """ng[v][h]: exactly the group of v's block's device (one per node, lazily)."""
+            if v not in self.ng:
+                row = [m.NewBoolVar(f"ng_{v}_{h}") for h in range(H)]
+                m.AddExactlyOne(row)
+                for b in range(lo[v], hi[v] + 1):
+                    for h in range(H):
+                        m.Add(row[h] >= x[v][b] + gy[b][h] - 1)
+                self.ng[v] = row
+            return self.ng[v]
+
+        S = self.S
+        bw, lcls = self.link_bw, self.link_cls
+        # per (block, group): receive and send terms, shared by the classes of the group
+        io_terms = [[[] for _ in range(H)] for _ in range(k)]
+        for (t, b), ib in self.recv.items():
+            self._tick(t)
+            size, p = float(g.t_size[t]), int(g.t_producer[t])
+            for h in range(H):
+                if H == 1:
+                    io_terms[b][h].append((int(math.floor(size / bw[h, h] * S)), ib))
+                    continue
+                a_in = int(math.floor(size / bw[h, h] * S))
+                a_bt = int(math.floor(size / bw[1 - h if h == 0 else 0, h] * S))
+                lo_c, extra = min(a_in, a_bt), abs(a_in - a_bt)
+                if lo_c:
+                    io_terms[b][h].append((lo_c, ib))
+                if extra:  # z = the receive happens over the dearer of the two links
+                    z = m.NewBoolVar(f"rz_{t}_{b}_{h}")
+                    ng_p = group_of(p)[h]
+                    if a_bt > a_in:
+                        m.Add(z >= ib - ng_p)  # the producer is in another group
+                    else:
+                        m.Add(z >= ib + ng_p - 1)  # the producer is in this group
+                    io_terms[b][h].append((extra, z))
+        ordered = set(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
+        for (t, b), ob in self.send.items():
+            self._tick(t)
+            size, p = float(g.t_size[t]), int(g.t_producer[t])
+            cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist()
+            for h in range(H):
+                a_in = int(math.floor(size / bw[h, h] * S))
+                other = [j for j in range(H) if j != h]
+                if not other or lcls[h, h] == lcls[h, other[0]]:  # one link class: one send
+                    if a_in:
+                        io_terms[b][h].append((a_in, ob))
+                    continue
+                a_bt = int(math.floor(size / bw[h, other[0]] * S))
+                s_in = m.NewBoolVar(f"si_{t}_{b}_{h}")
+                s_bt = m.NewBoolVar(f"sb_{t}_{b}_{h}")
+                for c in cons:
+                    away = x[p][b] - le_or_x(self, p, c, b, ordered)
+                    ng_c = group_of(c)[h]
+                    m.Add(s_in >= away + ng_c - 1)  # a reader in another block of group h
+                    m.Add(s_bt >= away - ng_c)  # a reader in another group
+                for coef, var in ((a_in, s_in), (a_bt, s_bt)):
+                    if coef:
+                        io_terms[b][h].append((coef, var))
+        # the enforced cost and capacity of every (block, class)
+        self.placed_terms = [0] * k
+        self.ov_class: dict[tuple[int, int], object] = {}
+        f_ov = S / self.cluster.slow_memory_bandwidth
+        for b in range(k):
+            self._tick()
+            members = [v for v in range(g.n) if lo[v] <= b <= hi[v]]
+            for c in range(C):
+                h = int(cl.group[c])
+                wc = self.w_class[c]
+                terms = [(int(wc[v]), x[v][b]) for v in members if wc[v]] + io_terms[b][h]
+                rounded = len(terms)
+                M_c = float(cl.memory[c])
+                if self.use_over and math.isfinite(M_c):
+                    ov = m.NewIntVar(0, self._placed_overflow_max(), f"ovc_{b}_{c}")
+                    over = [(int(self._coef_ov[q]), var) for q, var in self.by_block[b]]
+                    mf_c = int(math.ceil(M_c * f_ov))
+                    m.Add(ov >= _wsum(over) + self.peak_t[b] - mf_c)
+                    self.ov_class[b, c] = ov
+                    terms.append((1, ov))
+                    rounded += len(over) + 2
+                self.placed_terms[b] = max(self.placed_terms[b], rounded)
+                m.Add(_wsum(terms) <= self.T).OnlyEnforceIf(self.y[b][c])
+                cap_c = float(cl.capacity[c])
+                if self.use_mem and math.isfinite(cap_c):
+                    pterms = [(int(self._p_bytes[q]), var) for q, var in self.by_block[b]]
+                    limit = int(math.floor(cap_c / self.mem_unit))
+                    m.Add(_wsum(pterms) + self.peak_b[b] <= limit).OnlyEnforceIf(self.y[b][c])
+
+    def read_placement(self, value) -> np.ndarray:
+        """The device of every block in a solution (``value(var)``): each class's devices in
+        block order (devices of one class are interchangeable)."""
+        from solver.placement import _devices_of
+
+        seq = np.array(
+            [
+                next(c for c in range(len(self.classes)) if value(self.y[b][c]))
+                for b in range(self.k)
+            ]
+        )
+        return _devices_of(self.classes, seq)
+
+    def add_placement_hint(self, a: np.ndarray, devices: np.ndarray) -> None:
+        """Hint the placement variables with the values of plan ``a`` (coarse) on
+        ``devices``; CP-SAT completes the auxiliary ones."""
+        from solver.placement import _classes_of
+
+        m, cl = self.m, self.classes
+        seq = _classes_of(cl, devices)
+        for b in range(self.k):
+            for c in range(len(cl)):
+                m.AddHint(self.y[b][c], int(seq[b] == c))
+        for v, row in self.ng.items():
+            h = int(cl.group[seq[a[v]]])
+            for j, var in enumerate(row):
+                m.AddHint(var, int(j == h))
 
     def _add_cuts(self) -> None:
         """Redundant cuts (constants folded): the work of blocks 0..b is at most (b+1) T, of
@@ -506,7 +715,13 @@ class _Model:
                 pt = int(self._act_t[members].max(initial=0))
                 m.AddHint(self.peak_t[b], pt)
                 qs = np.unique(g.pair_param[members[g.p_users]])
-                m.AddHint(self.ov[b], max(0, int(self._coef_ov[qs].sum()) + pt - self._mf_ov))
+                if self.ov[b] is not None:
+                    ov = max(0, int(self._coef_ov[qs].sum()) + pt - self._mf_ov)
+                    m.AddHint(self.ov[b], ov)
+        if self.placed:  # the per-class terms: CP-SAT completes them (T at most the hint's)
+            if self.ub_int is not None:
+                m.AddHint(self.T, self.ub_int)
+            return
         m.AddHint(self.T, int(self.block_costs_int(a).max()))
 
     def read(self, solver: cp_model.CpSolver) -> np.ndarray:
@@ -521,6 +736,12 @@ class _Model:
         for v, (lo, hi) in enumerate(zip(self.lo.tolist(), self.hi.tolist(), strict=True)):
             a[v] = next((b for b in range(lo, hi) if value(le[v][b])), hi)
         return a
+
+
+def le_or_x(model: _Model, p: int, c: int, b: int, ordered: set) -> object:
+    """The term of consumer c in "tensor of p leaves block b": le[c][b] when c cannot come
+    before p (an order edge), else x[c][b] (as in :meth:`_Model._add_io`)."""
+    return model.le[c][b] if (p, c) in ordered else model.x[c][b]
 
 
 def _wsum(pairs: list[tuple[int, object]]):
@@ -591,7 +812,8 @@ def solve_cpsat(
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
     _check_single_fits(g, cg, labels, cluster)
-    chint = None
+    placed = not cluster.homogeneous  # the model also chooses each block's device
+    chint = hint_dev = hint_cost = None
     if hint is not None:
         hint = np.asarray(hint)
         chint = np.empty(cg.n, dtype=np.int64)
@@ -599,13 +821,23 @@ def solve_cpsat(
         # compact used blocks to 0..j-1 (the model puts empty blocks last)
         used = np.unique(chint)
         chint = np.searchsorted(used, chint)
+        if placed:  # the hint on its best placement (None when no placement fits)
+            hint = chint[labels]
+            best = best_placement(g, cluster, hint)
+            if best.devices is None:
+                hint = chint = None
+            else:
+                hint_dev, hint_cost = best.devices, best.objective
     try:
         # the build may take most of the limit; CP-SAT then gets what is left (below)
-        model = _Model(cg, cluster, chint, deadline=t0 + BUILD_SHARE * opts.time_limit)
+        deadline = t0 + BUILD_SHARE * opts.time_limit
+        model = _Model(cg, cluster, chint, deadline=deadline, upper_cost=hint_cost)
     except _BuildTimeout:
-        return _timed_out(g, cluster, hint, opts, t0, cg.n)
+        return _timed_out(g, cluster, hint, opts, t0, cg.n, hint_dev)
     if chint is not None:
         model.add_hint(chint)
+        if placed:
+            model.add_placement_hint(chint, hint_dev)
     build_s = time.perf_counter() - t0
 
     # CP-SAT's presolve checks the clock coarsely and overruns on big models by about the time
@@ -617,8 +849,9 @@ def solve_cpsat(
         # measured on Llama shapes: the first presolve pass does the work, the next ones
         # cost 10-20 s more before the first branch and change neither plan nor bound
         params["max_presolve_iterations"] = 1
+    tie = opts.tie_break and not placed  # the tie-break does not model the placement
     solver = new_solver(
-        search_s * (1 - TIE_BREAK_SHARE) if opts.tie_break else search_s,
+        search_s * (1 - TIE_BREAK_SHARE) if tie else search_s,
         {**params, **opts.params},
     )
     p = solver.parameters
@@ -649,21 +882,28 @@ def solve_cpsat(
                 f"no plan found within the time limit ({opts.time_limit:g} s) and no heuristic "
                 "plan fits either; raise --time-limit"
             )
-        a = hint
+        a, dev = hint, hint_dev
     else:
         a = model.read(solver)[labels]
+        dev = model.read_placement(solver.Value) if placed else None
         # memory is modelled in rounded-down units and costs in rounded-down integers: keep
         # the hint when the model's plan breaks the real capacity or is not really better
         if hint is not None:
-            worse = evaluate(g, cluster, hint).objective < evaluate(g, cluster, a).objective
-            if worse or validate(g, cluster, a):
-                a = hint
+            mine = evaluate(g, cluster, a, placement=dev).objective
+            worse = evaluate(g, cluster, hint, placement=hint_dev).objective < mine
+            if worse or validate(g, cluster, a, placement=dev):
+                a, dev = hint, hint_dev
                 stats["kept_hint"] = True
+    if placed:
+        stats["bound_scope"] = ALL_PLACEMENTS
+        stats["device_classes"] = len(model.classes)
     # the bound and status are this first stage's; the tie-break only picks among plans
     # whose re-evaluated bottleneck is at most this plan's
     bound_int = solver.BestObjectiveBound()
     if not opts.tie_break:
         stats["tie_break"] = {"summary": "tie-break skipped (tie_break=false)"}
+    elif placed:
+        stats["tie_break"] = {"summary": "tie-break skipped: it does not model the placement"}
     else:
         left = opts.time_limit - (time.perf_counter() - t0) - build_s
         budget = min(left, tie_break_budget(opts.time_limit, search_s))
@@ -694,6 +934,7 @@ def solve_cpsat(
         wall_seconds=wall,
         stats=stats,
         resolution=model.resolution if proven else 0.0,
+        placement=dev,
     )
     if plan.status != OPTIMAL:
         plan.status = FEASIBLE
@@ -707,6 +948,7 @@ def _timed_out(
     opts: CpsatOptions,
     t0: float,
     coarse_nodes: int,
+    hint_dev: np.ndarray | None = None,
 ) -> Plan:
     """The warm-start plan with the universal bound, when the limit passed during the build."""
     if hint is None:
@@ -729,15 +971,18 @@ def _timed_out(
         status=FEASIBLE,
         wall_seconds=time.perf_counter() - t0,
         stats=stats,
+        placement=hint_dev,
     )
 
 
 def _check_single_fits(g: Graph, cg: Graph, labels: np.ndarray, cluster: Cluster) -> None:
-    """Name the node or co-location group that alone exceeds the hard capacity."""
-    if cluster.capacity is None:
+    """Name the node or co-location group that alone exceeds the hard capacity (of the
+    largest device, when devices differ)."""
+    capacity = float(cluster.device_arrays()[1].max())
+    if math.isinf(capacity):
         return
     need = own_param_bytes(cg) + cg.act
-    bad = np.flatnonzero(need > cluster.capacity * (1 + 1e-12))
+    bad = np.flatnonzero(need > capacity * (1 + 1e-12))
     if len(bad):
         v = int(bad[0])
         members = np.flatnonzero(labels == v)
@@ -748,5 +993,5 @@ def _check_single_fits(g: Graph, cg: Graph, labels: np.ndarray, cluster: Cluster
         )
         raise MtppError(
             f"{what} needs {need[v]:.6g} bytes (params + peak) but each device holds at most "
-            f"{cluster.capacity:.6g} bytes: no plan can fit; raise the capacity or drop it"
+            f"{capacity:.6g} bytes: no plan can fit; raise the capacity or drop it"
         )

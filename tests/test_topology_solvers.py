@@ -1,0 +1,335 @@
+"""Pipeline solvers on heterogeneous clusters: the placement of blocks on devices
+(solver.placement), the CP-SAT model that chooses it with the blocks, the brute-force oracle
+over all plans and placements, the heuristics' plans, plan files and the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.cluster import Cluster, Topology
+from solver.cost import evaluate, lower_bound, validate
+from solver.errors import MtppError
+from solver.exact.brute import all_assignments, brute_force
+from solver.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.graph import Graph
+from solver.methods import SolveOptions, certified_bound, solve
+from solver.placement import best_placement, device_classes, planning_cluster
+from solver.plan import (
+    ALL_PLACEMENTS,
+    OPTIMAL,
+    make_plan,
+    read_plan_assignment,
+    read_plan_placement,
+    save_plan,
+)
+from solver.simulate import simulate
+
+CP = CpsatOptions(time_limit=20.0, workers=2, tie_break=False)
+
+
+def random_graph(rng: np.random.Generator, n: int, params: bool = True) -> Graph:
+    """A random DAG with random work, tensor sizes, shared parameters and activations."""
+    edges = [(i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < 0.45]
+    edges += [(i, i + 1) for i in range(n - 1) if (i, i + 1) not in edges and rng.random() < 0.6]
+    ps = []
+    if params:
+        for q in range(int(rng.integers(1, 4))):
+            users = rng.choice(n, size=int(rng.integers(1, 3)), replace=False)
+            ps.append((f"p{q}", float(rng.integers(1, 8)), users.tolist()))
+    return Graph.build(
+        [f"v{i}" for i in range(n)],
+        rng.random(n) * 4 + 0.5,
+        rng.integers(0, 5, n).astype(float),
+        edges,
+        params=ps,
+        act=rng.integers(0, 3, n).astype(float),
+        name="random",
+    )
+
+
+def random_cluster(rng: np.random.Generator, devices: int) -> Cluster:
+    """Two groups with a fast link inside and a slow one between; mixed memory, capacity and
+    compute per device."""
+    cut = int(rng.integers(1, devices))
+    groups = (tuple(range(cut)), tuple(range(cut, devices)))
+    topo = Topology(
+        groups,
+        ("h0", "h1"),
+        ((float(rng.choice([2.0, 4.0])), 0.0), (float(rng.choice([2.0, 4.0])), 0.0)),
+        (float(rng.choice([0.5, 1.0])), 0.1),
+        fast_memory=tuple(float(rng.choice([4.0, 8.0, math.inf])) for _ in range(devices)),
+        capacity=tuple(
+            None if rng.random() < 0.5 else float(rng.integers(8, 20)) for _ in range(devices)
+        ),
+        compute=tuple(float(rng.choice([1.0, 2.0])) for _ in range(devices)),
+    )
+    return Cluster("mixed", devices, compute=1.0, slow_memory_bandwidth=2.0, topology=topo)
+
+
+def brute_over_placements(g: Graph, c: Cluster) -> float:
+    """The optimum by evaluating every plan on every placement with solver.cost (slow)."""
+    _, capacity, _ = c.device_arrays()
+    best = math.inf
+    for a in all_assignments(g, c.devices):
+        for perm in itertools.permutations(range(c.devices)):
+            if not validate(g, c, a, placement=list(perm)):
+                best = min(best, evaluate(g, c, a, placement=list(perm)).objective)
+    return best
+
+
+# -- the placement of given blocks -----------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(3, 4))
+def test_best_placement_is_the_best_permutation(seed, devices):
+    rng = np.random.default_rng(seed)
+    g = random_graph(rng, int(rng.integers(4, 8)))
+    c = random_cluster(rng, devices)
+    plans = all_assignments(g, devices)
+    a = plans[int(rng.integers(len(plans)))]
+    best = math.inf
+    for perm in itertools.permutations(range(devices)):
+        if not validate(g, c, a, placement=list(perm)):
+            best = min(best, evaluate(g, c, a, placement=list(perm)).objective)
+    p = best_placement(g, c, a)
+    assert p.exact
+    if math.isinf(best):
+        assert p.devices is None and p.objective == math.inf
+        return
+    assert validate(g, c, a, placement=p.devices) == []
+    assert p.objective == evaluate(g, c, a, placement=p.devices).objective
+    assert p.objective == pytest.approx(best, rel=1e-12)
+    # the local search alone (no exact search) returns a valid placement too
+    q = best_placement(g, c, a, exact_limit=0)
+    assert q.objective >= best * (1 - 1e-12)
+    if q.exact:  # the pruning alone proved it (nothing left to enumerate)
+        assert q.objective == pytest.approx(best, rel=1e-12)
+    assert q.devices is None or validate(g, c, a, placement=q.devices) == []
+
+
+def test_device_classes_and_planning_view():
+    topo = Topology(
+        ((0, 1, 2), (3, 4)),
+        ("a", "b"),
+        ((4.0, 0.0), (4.0, 0.0)),
+        (1.0, 0.0),
+        fast_memory=(8.0, 16.0, 8.0, 8.0, 8.0),
+        capacity=(10.0, 20.0, 10.0, 10.0, 10.0),
+    )
+    c = Cluster("c", 5, topology=topo)
+    cl = device_classes(c)
+    assert cl.devices == ((0, 2), (1,), (3, 4))
+    assert cl.count.tolist() == [2, 1, 2] and cl.group.tolist() == [0, 0, 1]
+    small, big = planning_cluster(c), planning_cluster(c, biggest=True)
+    assert small.homogeneous and (small.fast_memory, small.capacity) == (8.0, 10.0)
+    assert (big.fast_memory, big.capacity) == (16.0, 20.0)
+
+
+# -- heavier stages on the bigger devices -------------------------------------------------
+
+
+def heavy_light_chain() -> tuple[Graph, Cluster]:
+    """A chain of 8 layers, 4 with 12-byte weights and 4 with 2-byte weights, interleaved;
+    4 devices with 8 bytes of fast memory, two of which (1 and 3) have 16."""
+    sizes = [12.0, 2.0, 12.0, 2.0, 2.0, 12.0, 2.0, 12.0]
+    g = Graph.build(
+        [f"l{i}" for i in range(8)],
+        [1.0] * 8,
+        [1.0] * 8,
+        [(i, i + 1) for i in range(7)],
+        params=[(f"w{i}", s, [i]) for i, s in enumerate(sizes)],
+        name="chain",
+    )
+    topo = Topology(((0, 1, 2, 3),), ("h",), ((4.0, 0.0),), fast_memory=(8.0, 16.0, 8.0, 16.0))
+    c = Cluster(
+        "big2", 4, compute=1.0, link_bandwidth=4.0, slow_memory_bandwidth=1.0, topology=topo
+    )
+    return g, c
+
+
+def test_exact_plan_puts_the_heavier_stages_on_the_big_devices():
+    g, c = heavy_light_chain()
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=20.0, workers=2))
+    brute = brute_force(g, c)
+    assert plan.status == OPTIMAL and brute.status == OPTIMAL
+    assert plan.objective == pytest.approx(brute.objective, rel=1e-9)
+    assert plan.objective == pytest.approx(brute_over_placements(g, c), rel=1e-9)
+    ev = plan.evaluation
+    used = [b for b in range(plan.k) if ev.nodes[b]]
+    heavy = sorted(used, key=lambda b: -ev.params[b])[:2]
+    assert sorted(int(plan.placement[b]) for b in heavy) == [1, 3]
+    assert min(ev.params[b] for b in heavy) > max(ev.params[b] for b in used if b not in heavy)
+    # identity placement would be strictly worse: the placement matters here
+    assert plan.objective < evaluate(g, c, plan.assignment).objective
+    assert plan.stats["bound_scope"] == ALL_PLACEMENTS
+
+
+# -- CP-SAT with placement equals brute force over plans x placements ------------------------
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_cpsat_with_placement_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    devices = int(rng.integers(3, 5))
+    g = random_graph(rng, int(rng.integers(6, 9)) if devices == 3 else int(rng.integers(6, 8)))
+    c = random_cluster(rng, devices)
+    brute = brute_force(g, c)
+    plan = solve_cpsat(g, c, None, CP)
+    if brute is None:
+        assert plan is None
+        return
+    assert plan is not None and plan.placement is not None
+    assert validate(g, c, plan.assignment, placement=plan.placement) == []
+    assert plan.objective == evaluate(g, c, plan.assignment, placement=plan.placement).objective
+    assert plan.lower_bound <= brute.objective * (1 + 1e-9) + 1e-12
+    assert plan.status == OPTIMAL
+    assert plan.objective == pytest.approx(brute.objective, rel=1e-6, abs=1e-9)
+    # and with the heuristic warm start (its placement as the hint)
+    warm = solve(g, c, "cpsat", SolveOptions(time_limit=20.0, workers=2, seed=1))
+    assert warm.status == OPTIMAL
+    assert warm.objective == pytest.approx(brute.objective, rel=1e-6, abs=1e-9)
+    assert warm.lower_bound <= brute.objective * (1 + 1e-9) + 1e-12
+    # the certified bounds, computed on the relaxed cluster, hold for every placement too
+    assert certified_bound(g, c, 1.0).value <= brute.objective * (1 + 1e-9) + 1e-12
+
+
+def test_brute_force_oracle_agrees_with_the_evaluator_over_placements():
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        g = random_graph(rng, 5)
+        c = random_cluster(rng, 3)
+        brute = brute_force(g, c)
+        expect = brute_over_placements(g, c)
+        if brute is None:
+            assert math.isinf(expect)
+        else:
+            assert brute.objective == pytest.approx(expect, rel=1e-12)
+            assert brute.lower_bound == pytest.approx(brute.objective, rel=1e-9)
+
+
+# -- every heuristic's plan is valid per device and priced by the evaluator ------------------
+
+
+@pytest.mark.parametrize("method", ["slicegraph", "poprt", "time", "params", "uniform", "idealdp"])
+def test_heuristic_plans_on_mixed_clusters_are_valid_and_priced_by_the_evaluator(method):
+    rng = np.random.default_rng(11)
+    for _ in range(4):
+        g = random_graph(rng, 7)
+        c = random_cluster(rng, 4)
+        try:
+            plan = solve(g, c, method, SolveOptions(time_limit=5.0, workers=1))
+        except MtppError as e:  # only when no plan of theirs fits any placement
+            assert (
+                brute_force(g, c) is None or "fits no placement" in str(e) or "capacity" in str(e)
+            )
+            continue
+        if plan is None:
+            continue
+        assert plan.placement is not None
+        assert validate(g, c, plan.assignment, placement=plan.placement) == []
+        assert plan.objective == evaluate(g, c, plan.assignment, placement=plan.placement).objective
+        assert lower_bound(g, c) <= plan.lower_bound <= plan.objective
+        assert plan.lower_bound <= brute_force(g, c).objective * (1 + 1e-9)
+
+
+def test_certify_places_a_plan_over_a_small_device_instead_of_refusing():
+    from solver.methods import certified_bound, certify
+
+    g, c = heavy_light_chain()
+    c = replace(c, topology=replace(c.topology, capacity=(20.0, 40.0, 20.0, 40.0)))
+    a = np.array([0, 0, 0, 1, 1, 2, 3, 3])  # block 0 holds 26 bytes of weights
+    plan = make_plan(g, c, a, "given", check=False)  # identity: block 0 on a small device
+    assert [v.kind for v in validate(g, c, a)] == ["capacity"]
+    placed = certify(g, c, plan, certified_bound(g, c, 1.0))
+    assert int(placed.placement[0]) in (1, 3)
+    assert validate(g, c, a, placement=placed.placement) == []
+    assert placed.objective == best_placement(g, c, a).objective
+    tight = replace(c, topology=replace(c.topology, capacity=(1.0, 1.0, 1.0, 13.0)))
+    with pytest.raises(MtppError, match=r"fits no placement of its blocks on the devices"):
+        certify(
+            g, tight, make_plan(g, tight, a, "given", check=False), certified_bound(g, tight, 1.0)
+        )
+    with pytest.raises(
+        MtppError, match=r"time found no plan of 'chain' within the device capacity"
+    ):
+        solve(g, tight, "time", SolveOptions(time_limit=5.0))
+
+
+# -- plan files and the simulator ------------------------------------------------------------
+
+
+def test_plan_json_round_trips_the_placement_and_simulate_uses_its_links(tmp_path):
+    g, c = heavy_light_chain()
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=20.0, workers=2))
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    a, data = read_plan_assignment(g, path)
+    dev = read_plan_placement(data, path, c)
+    assert dev.tolist() == plan.placement.tolist() == data["placement"]
+    again = make_plan(g, c, a, "again", placement=dev)
+    assert again.objective == plan.objective
+    sim = simulate(g, c, a, requests=30, placement=dev)
+    assert sim.period == pytest.approx(plan.objective, rel=1e-9)
+    # old plan files (no placement) read as None: block b on device b
+    del data["placement"]
+    assert read_plan_placement(data, path, c) is None
+    for bad, match in [
+        ([0, 1, 2], r"lists 3 devices but the cluster has 4"),
+        ([0, 1, 1, 2], r"two blocks on the same device"),
+        ([0, 1, 2, 9], r"names device 9, but devices are 0..3"),
+        ([0, 1, 2, True], r"one whole device number per block"),
+        ("0123", r"one whole device number per block"),
+    ]:
+        with pytest.raises(MtppError, match=match):
+            read_plan_placement({"placement": bad}, "p.json", c)
+
+
+def test_simulated_period_follows_the_placement_on_two_groups():
+    """A 2-block split across two groups: the simulator's period is the evaluator's objective
+    for each placement, and the link between the groups costs what the evaluator says."""
+    g = Graph.build(["a", "b"], [1.0, 1.0], [8.0, 0.0], [(0, 1)])
+    topo = Topology(((0, 1), (2,)), ("h0", "h1"), ((8.0, 0.0), (8.0, 0.0)), (1.0, 0.0))
+    c = Cluster("two", 3, compute=1.0, link_bandwidth=8.0, topology=topo)
+    same = evaluate(g, c, [0, 1], k=3, placement=[0, 1, 2])  # a on 0, b on 1: inside
+    across = evaluate(g, c, [0, 1], k=3, placement=[0, 2, 1])  # b on device 2: between
+    assert same.objective == 2.0 and across.objective == 9.0
+    for dev, ev in ((np.array([0, 1, 2]), same), (np.array([0, 2, 1]), across)):
+        sim = simulate(g, c, np.array([0, 1]), requests=20, placement=dev[:2])
+        assert sim.period == pytest.approx(ev.objective, rel=1e-12)
+    p = best_placement(g, c, np.array([0, 1]), k=2)
+    assert p.objective == 2.0 and sorted(p.devices.tolist()) == [0, 1]
+    assert json.loads(json.dumps(p.devices.tolist())) == p.devices.tolist()
+
+
+def test_cli_solve_writes_the_placement_on_two_servers_and_none_on_one(tmp_path, capsys):
+    from solver.cli import main
+    from solver.cluster import load_cluster
+    from solver.io import load_graph
+
+    from .conftest import ROOT
+
+    tiny = str(ROOT / "examples" / "tiny_transformer.json")
+    out = tmp_path / "plan.json"
+    argv = ["solve", tiny, "--cluster", "dgx-a100-x2", "-m", "cpsat", "--time-limit", "20"]
+    assert main([*argv, "--workers", "2", "--out", str(out), "--json", "-q"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    g, c = load_graph(tiny), load_cluster("dgx-a100-x2")
+    a, data = read_plan_assignment(g, out)
+    assert data["placement"] == d["placement"] and sorted(d["placement"]) == list(range(16))
+    assert [b["device"] for b in d["blocks"]] == d["placement"]
+    assert d["objective"] == evaluate(g, c, a, placement=d["placement"]).objective
+    assert d["stats"]["bound_scope"] == ALL_PLACEMENTS
+    assert d["lower_bound"] <= d["objective"]
+    argv = ["solve", tiny, "--cluster", "dgx-a100", "-m", "time", "--json", "-q"]
+    assert main(argv) == 0
+    assert "placement" not in json.loads(capsys.readouterr().out)
