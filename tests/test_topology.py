@@ -450,7 +450,7 @@ def test_plan_on_two_servers_round_trips_through_the_cli(tmp_path, capsys):
     assert cluster_from_dict(data["cluster"], "recorded") == c  # the topology is recorded
     assert main(["evaluate", str(TINY), str(plan), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["objective"] == evaluate(g, c, a).objective
+    assert out["objective"] == evaluate(g, c, a, placement=data["placement"]).objective
     assert main(["simulate", str(TINY), str(plan), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["period"] == pytest.approx(out["objective"])
     assert main(["evaluate", str(TINY), str(plan), "--memory", "10MB", "--json"]) == 1

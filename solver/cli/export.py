@@ -9,7 +9,6 @@ from pathlib import Path
 from solver.cli.common import (
     add_graph_options,
     add_json,
-    add_model_and_plan,
     console,
     esc,
     fmt,
@@ -37,10 +36,27 @@ def add_parser(sub) -> None:
         "manual sharding that --method manual reads back), stages.json (with the memory "
         "estimate). The folder appears whole or not at all. An existing "
         "empty folder is filled; a non-empty one is replaced only with --force.",
-        epilog="example:\n  mtpp export model.onnx plan.json --out sharded/ --verify",
+        epilog="examples:\n  mtpp export model.onnx plan.json --out sharded/ --verify\n"
+        "  mtpp export model.onnx --plan joint.json --out stages/ --verify\n\n"
+        "A joint plan (mtpp solve --method joint) is written as one folder per stage, "
+        "stage_{s}/ with annotated.onnx (the stage's sub-model, strategies in metadata_props), "
+        "strategies.yaml and plan.json (its sharded program, as mtpp shard --out writes them), "
+        "plus plan.json, manifest.json and README.txt; --verify runs the stages one after the "
+        "other, each on its emulated devices, and compares every stage's outputs and the "
+        "model's with onnxruntime on the whole model (exit 1 naming the first stage and tensor "
+        "beyond --tolerance, default 1e-4 x max(1, max |reference|)).",
         formatter_class=formatter,
     )
-    add_model_and_plan(p)
+    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
+    p.add_argument(
+        "plan",
+        metavar="PLAN",
+        nargs="?",
+        help="plan JSON (a pipeline or a joint plan), or a manual-sharding YAML",
+    )
+    p.add_argument(
+        "--plan", dest="plan_option", metavar="PLAN", help="the plan, as an option instead"
+    )
     p.add_argument(
         "--out",
         "-o",
@@ -85,8 +101,17 @@ def add_parser(sub) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from solver.cli.simulate import joint_plan_args
     from solver.io.onnx_export import export_plan
 
+    if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
+        raise MtppError("give the plan once: as PLAN or as --plan, not both")
+    args.plan = args.plan or args.plan_option
+    if args.plan is None:
+        raise MtppError("name the plan: mtpp export MODEL.onnx PLAN --out DIR")
+    joint = joint_plan_args(args, "export")
+    if joint is not None:
+        return cmd_export_joint(args)
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
@@ -166,3 +191,67 @@ def tolerance_text(v: dict) -> str:
     return "default tolerance by output type: " + ", ".join(
         f"{w} for {n} output{'s' if n > 1 else ''}" for w, n in words
     )
+
+
+# ---------------------------------------------------------------------- joint plans
+def cmd_export_joint(args: argparse.Namespace) -> int:
+    """One folder per stage (solver.joint.export), optionally verified through the chain."""
+    import sys
+
+    from solver.cli.simulate import load_joint, refuse_pipeline_options
+    from solver.joint.export import export_joint
+
+    refuse_pipeline_options(args, {"--work": "roofline"})
+    if args.verify_memory_ok and not args.verify:
+        raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    if args.seed < 0:
+        raise MtppError(f"--seed must be >= 0, got {args.seed}")
+    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
+    plan, _ = load_joint(args, args.graph, args.plan)
+    report = export_joint(
+        plan,
+        args.graph,
+        args.out,
+        plan_path=args.plan,
+        dims=parse_dims(args),
+        verify=args.verify,
+        tolerance=args.tolerance,
+        seed=args.seed,
+        force=args.force,
+        inputs=input_paths(args),
+        verify_memory_ok=args.verify_memory_ok,
+    )
+    v = report.get("verify")
+    ok = v is None or v["ok"]
+    if v is not None and not ok:
+        print(f"mtpp: verify failed: {v['failure'] or 'a model output differs'}", file=sys.stderr)
+    if args.json:
+        report["out"] = args.out
+        print_json(report)
+        return 0 if ok else 1
+    con = console()
+    con.print(
+        f"wrote {esc(args.out)}: "
+        + ", ".join(st["folder"] + "/" for st in report["stages"])
+        + ", plan.json, manifest.json, README.txt"
+    )
+    for st in report["stages"]:
+        coll = ", ".join(f"{k} x{n}" for k, n in st["collectives"].items()) or "no collectives"
+        con.print(
+            f"  stage {st['stage']}: devices {st['devices']}, {st['ops']} operators, "
+            f"{len(st['inputs'])} inputs, {len(st['outputs'])} outputs, {coll}"
+        )
+    if v is not None:
+        status = "[green]OK[/green]" if ok else "[red]MISMATCH[/red]"
+        con.print(
+            f"verify (seed {v['seed']}): {status}; needed about "
+            f"{format_bytes(v['memory_estimate'])} of memory (estimate)"
+        )
+        for name, c in v["outputs"].items():
+            con.print(
+                f"  {esc(name)}: max abs diff {fmt(c['max_abs_diff'])}, max rel diff "
+                f"{fmt(c['max_rel_diff'])} (tolerance {c['tolerance']:.3g})"
+            )
+    return 0 if ok else 1

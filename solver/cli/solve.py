@@ -39,7 +39,13 @@ def add_solve_parser(sub) -> None:
             the others are heuristics (their bound is the universal averaging bound)."""
         ),
         epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
-        "  mtpp solve model.onnx --devices 4 --method slicegraph --json",
+        "  mtpp solve model.onnx --devices 4 --method slicegraph --json\n"
+        "  mtpp solve model.onnx --method joint --cluster dgx-a100-x2 --memory 40GB --out j.json\n"
+        "\n--method joint: pipeline stages, each on a sub-mesh of the cluster (inside one host, or "
+        "whole hosts) sharding its operators; stage cost = its sharded program + transfers over "
+        "the real links. Reports the slowest stage, a lower bound valid over the searched space "
+        "(printed), a universal bound valid for every joint plan, and OPTIMAL only when the "
+        "bound meets the plan. See docs/joint.md.",
         formatter_class=formatter,
     )
     p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
@@ -47,9 +53,11 @@ def add_solve_parser(sub) -> None:
         "--method",
         "-m",
         default="cpsat",
-        choices=list(METHODS),
+        choices=[*METHODS, *(["joint"] if "joint" not in METHODS else [])],
         metavar="METHOD",
-        help=f"solver: {', '.join(METHODS)} (default cpsat)",
+        help=f"solver: {', '.join(METHODS)} (default cpsat); or joint: pipeline stages on "
+        "sub-meshes of the cluster, each sharding its operators (ONNX models only; "
+        "--set space=joint|pipeline|sharding restricts the plans; docs/joint.md)",
     )
     p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
     s = p.add_argument_group("search")
@@ -272,7 +280,8 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     return out
 
 
-EVALUATE_BOUND_SECONDS = 2.0  # time for the certified bounds of a plan being evaluated
+EVALUATE_BOUND_SECONDS = 10.0  # time for the certified bounds of a plan being evaluated (the
+# exact chain DP needs 4-7 s on a 7B decoder at k = 64; small graphs finish at once)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -283,7 +292,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
-    violations = validate(g, cluster, a)
+    from solver.plan import read_plan_placement
+
+    dev = read_plan_placement(data, args.plan, cluster)
+    violations = validate(g, cluster, a, placement=dev)
     method = data.get("method") if isinstance(data.get("method"), str) else "given"
     # the bound is recomputed (the certified bounds, as solve computes them); an invalid plan
     # gets none, since bounds speak of valid plans only. OPTIMAL when the bound meets the plan.
@@ -296,6 +308,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         status=FEASIBLE if rep is None else OPTIMAL,
         check=False,
         lower_bound=None if rep is None else rep.value,
+        placement=dev,
     )
     if rep is not None:
         plan.stats["bound"] = bound_stats(rep)
@@ -348,6 +361,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from solver.methods import SolveOptions, check_method_options, check_solve_options, solve
     from solver.plan import save_plan
 
+    if args.method == "joint":
+        return cmd_solve_joint(args)
     extra = parse_set(args.set)
     if args.optimal_perf:
         if args.method != "poprt":
@@ -408,3 +423,128 @@ def infeasible_message(g, cluster) -> str:
             "(--devices) or a cluster with more memory"
         )
     return text
+
+
+# ---------------------------------------------------------------------- --method joint
+def cmd_solve_joint(args: argparse.Namespace) -> int:
+    """``mtpp solve MODEL.onnx --method joint``: stages on sub-meshes, sharded inside."""
+    from pathlib import Path
+
+    from solver.cli.common import memory_arg, parse_dims
+    from solver.cluster import load_cluster
+    from solver.joint import plan_joint, save_joint_plan
+    from solver.joint.submesh import SPACES
+    from solver.methods import SolveOptions, check_solve_options
+    from solver.progress import SolveProgress
+
+    if Path(args.graph).suffix.lower() != ".onnx":
+        raise MtppError(
+            f"{args.graph}: --method joint needs the ONNX model (a cost graph has no operators "
+            "to shard); pass the .onnx file"
+        )
+    extra = parse_set(args.set)
+    space = extra.pop("space", "joint")
+    if extra:
+        raise MtppError(f"--set {next(iter(extra))}: --method joint takes only --set space=...")
+    if space not in SPACES:
+        raise MtppError(f"--set space={str(space)[:40]}: use one of {', '.join(SPACES)}")
+    for flag, used in (
+        ("--optimal-perf", args.optimal_perf),
+        ("--sharding", args.sharding),
+        ("--work", args.work != "roofline"),
+    ):
+        if used:
+            raise MtppError(f"{flag} does not apply to --method joint")
+    opts = SolveOptions(time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    opts.gap = args.gap
+    check_solve_options(opts)
+    dims = parse_dims(args)
+    if args.out is not None:
+        from solver.files import check_output_file
+
+        check_output_file(args.out, input_paths(args), "--out")
+    cluster = load_cluster(args.cluster, args.devices)
+    memory = memory_arg(args)
+    title = f"joint {Path(args.graph).name}"
+    with SolveProgress(not args.quiet, title, args.time_limit) as progress:
+        plan = plan_joint(
+            args.graph,
+            cluster,
+            memory=memory,
+            time_limit=args.time_limit,
+            dims=dims,
+            space=space,
+            progress=progress,
+            workers=args.workers,
+            gap=args.gap,
+        )
+    if args.out is not None:
+        save_joint_plan(plan, args.out)
+    if args.json:
+        out = plan.to_dict()
+        if args.out is not None:
+            out["plan_file"] = str(args.out)
+        print_json(out)
+        return 0
+    print_joint_plan(plan)
+    if args.out is not None:
+        console().print(f"plan written to {esc(args.out)}")
+    return 0
+
+
+def print_joint_plan(plan, con=None) -> None:
+    """The joint plan in words and a per-stage table."""
+    from rich import box
+    from rich.table import Table
+
+    from solver.cli.common import BYTE_UNITS, TIME_UNITS, ColumnUnit
+    from solver.plan import OPTIMAL
+
+    con = con or console()
+    con.print(f"[bold]joint plan[/bold]: model {esc(plan.model_name)}, space {esc(plan.space)}")
+    print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", plan.cluster.summary()))
+    gap = plan.gap
+    status = plan.status + (f" (optimal over {plan.space} space)" if plan.status == OPTIMAL else "")
+    con.print(f"status [bold]{status}[/bold]")
+    con.print(
+        f"objective (slowest stage) {fmt(plan.objective)} s  lower bound {fmt(plan.lower_bound)} "
+        f"s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
+    )
+    con.print(f"the bound covers: {esc(plan.bound_space)}")
+    con.print(f"universal lower bound (every joint plan) {fmt(plan.universal_bound)} s")
+    con.print(
+        f"throughput {fmt(plan.throughput)} requests/s  latency {fmt(plan.latency)} s  "
+        f"solve time {plan.wall_seconds:.2f} s"
+    )
+    cols = ("time", "program_time", "io_in", "io_out")
+    tu = ColumnUnit([getattr(s, k) for s in plan.stages for k in cols], TIME_UNITS)
+    bu = ColumnUnit([s.memory_per_device for s in plan.stages], BYTE_UNITS)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t.add_column("stage", justify="right", no_wrap=True)
+    t.add_column("devices", no_wrap=True)
+    t.add_column("mesh", no_wrap=True)
+    t.add_column("ops", no_wrap=True)
+    for name in ("time", "program", "io in", "io out"):
+        t.add_column(f"{name}\n{tu.name}", justify="right", no_wrap=True)
+    t.add_column(f"memory\n{bu.name}", justify="right", no_wrap=True)
+    worst = max(range(len(plan.stages)), key=lambda i: plan.stages[i].time)
+    first = 0
+    for s in plan.stages:
+        d = list(s.devices)
+        devices = f"{d[0]}-{d[-1]}" if len(d) > 1 and d == list(range(d[0], d[-1] + 1)) else ""
+        devices = devices or ",".join(map(str, d))
+        ops = f"{first}..{first + len(s.ops) - 1}"  # positions in topological order
+        first += len(s.ops)
+        t.add_row(
+            f"{s.index}{' *' if s.index == worst else ''}",
+            devices,
+            "x".join(map(str, s.mesh.shape)),
+            ops,
+            *[tu.cell(getattr(s, k)) for k in cols],
+            bu.cell(s.memory_per_device),
+        )
+    con.print(t)
+    con.print(
+        "(* = slowest stage; time = program + io in + io out; ops = positions in the "
+        "topological order, names in --json)"
+    )

@@ -78,13 +78,45 @@ def parse_mesh(spec: str | None, devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(shape: tuple[int, ...], cluster) -> Mesh:
-    """A mesh whose every axis uses the cluster's link bandwidth and latency."""
-    n = len(shape)
-    return Mesh(
-        tuple(int(s) for s in shape),
-        (float(cluster.link_bandwidth),) * n,
-        (float(cluster.link_latency),) * n,
-    )
+    """The mesh ``shape`` over devices 0..n-1 of ``cluster`` (row-major): see :func:`mesh_on`."""
+    return mesh_on(cluster, range(math.prod(shape)), shape)
+
+
+def mesh_on(cluster, devices, shape: tuple[int, ...]) -> Mesh:
+    """The mesh ``shape`` laid row-major over the cluster's ``devices`` (ids), topology-aware.
+
+    Axis i gets the slowest link (least bandwidth, largest latency) of ``cluster.link(a, b)``
+    over device pairs that differ only along axis i, so a 2x8 mesh on two 8-GPU servers prices
+    axis 0 at the link between servers and axis 1 at the link inside one. A size-1 axis (no
+    pair) and every axis of a flat cluster get the cluster's own link, as before topologies.
+    """
+    shape = tuple(int(s) for s in shape)
+    ids = np.asarray(list(devices), dtype=np.int64)
+    if ids.size != math.prod(shape):
+        raise MtppError(f"mesh {shape} needs {math.prod(shape)} devices, got {ids.size}")
+    if len(set(ids.tolist())) != ids.size:
+        raise MtppError(f"mesh {shape}: a device is listed twice in {ids.tolist()}")
+    own = (float(cluster.link_bandwidth), float(cluster.link_latency))
+    if cluster.topology is None:  # every link alike: the cluster's own (make_mesh as before)
+        return Mesh(shape, (own[0],) * len(shape), (own[1],) * len(shape))
+    for d in ids.tolist():
+        cluster.device_memory(d)  # refuses an id the cluster does not have
+    grid = ids.reshape(shape) if shape else ids
+    bws, lats = [], []
+    for axis, size in enumerate(shape):
+        if size == 1:
+            bws.append(own[0])
+            lats.append(own[1])
+            continue
+        # every pair (j, k) of positions along the axis, at every position of the other axes
+        j, k = np.triu_indices(size, 1)
+        src = np.take(grid, j, axis=axis).ravel()
+        dst = np.take(grid, k, axis=axis).ravel()
+        bw1, lat1 = cluster.link_arrays(src, dst)
+        bw2, lat2 = cluster.link_arrays(dst, src)
+        bws.append(float(min(bw1.min(), bw2.min())))
+        lats.append(float(max(lat1.max(), lat2.max())))
+    return Mesh(shape, tuple(bws), tuple(lats))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,380 @@
+"""Joint plans: pipeline stages, each on a sub-mesh sharding its operators; JSON in and out.
+
+A :class:`JointPlan` is what ``plan_joint`` returns and ``mtpp solve --method joint --out``
+writes (format ``mtpp-joint-plan``). :func:`price_stages` is the one cost function of a joint
+plan (each stage's sharded program on its mesh + transfers between stages, docs/joint.md);
+the planner, :func:`load_joint_plan` and the tests all use it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solver.cluster import Cluster
+from solver.errors import MtppError
+from solver.sharding.mesh import Mesh
+from solver.sharding.rules import Strategy
+
+JOINT_FORMAT = "mtpp-joint-plan"
+JOINT_VERSION = 1
+CHECK_TOL = 1e-9  # relative: a number in a plan file that differs more was changed
+
+
+@dataclass
+class Stage:
+    """One pipeline stage: its devices and mesh, its operators and their strategies, its cost."""
+
+    index: int
+    devices: tuple[int, ...]  # cluster device ids, row-major over mesh.shape
+    mesh: Mesh
+    ops: tuple[str, ...]  # operator (ONNX node) names, topological order
+    inputs: tuple[str, ...]  # tensors received (model inputs or from earlier stages)
+    outputs: tuple[str, ...]  # tensors sent on (to later stages or model outputs)
+    strategies: dict[str, Strategy]
+    program_time: float  # the sharded program's objective on its mesh (s)
+    io_in: float  # seconds receiving its inputs over the real links
+    io_out: float  # seconds sending its outputs
+    memory_per_device: float  # bytes
+    collectives: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def time(self) -> float:
+        return self.program_time + self.io_in + self.io_out
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "devices": list(self.devices),
+            "mesh": {
+                "shape": list(self.mesh.shape),
+                "bandwidth": list(self.mesh.bandwidth),
+                "latency": list(self.mesh.latency),
+            },
+            "ops": list(self.ops),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "strategies": {k: [list(x) for x in v] for k, v in self.strategies.items()},
+            "time": self.time,
+            "program_time": self.program_time,
+            "io_in": self.io_in,
+            "io_out": self.io_out,
+            "memory_per_device": self.memory_per_device,
+            "collectives": dict(self.collectives),
+        }
+
+
+@dataclass
+class JointPlan:
+    """Stages in pipeline order; objective = the slowest stage's time (the period)."""
+
+    model_name: str
+    cluster: Cluster
+    memory_limit: float | None
+    stages: list[Stage]
+    status: str  # OPTIMAL only with a proof over bound_space
+    lower_bound: float | None  # valid over bound_space
+    bound_space: str  # one sentence: which plans the bound covers
+    universal_bound: float | None  # valid for every joint plan
+    space: str  # "joint" | "pipeline" | "sharding"
+    wall_seconds: float
+    stats: dict = field(default_factory=dict)
+    model_path: str | None = None
+
+    @property
+    def objective(self) -> float:
+        return max(s.time for s in self.stages)
+
+    @property
+    def throughput(self) -> float | None:
+        return 1.0 / self.objective if self.objective > 0 else None
+
+    @property
+    def latency(self) -> float:
+        return sum(s.time for s in self.stages)
+
+    @property
+    def gap(self) -> float | None:
+        """(objective - lower bound) / objective, None without a bound."""
+        if self.lower_bound is None:
+            return None
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.lower_bound) / self.objective)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": JOINT_FORMAT,
+            "version": JOINT_VERSION,
+            "model": {"name": self.model_name, "path": self.model_path},
+            "cluster": self.cluster.to_dict(),
+            "devices": self.cluster.devices,
+            "method": "joint",
+            "space": self.space,
+            "status": self.status,
+            "objective": self.objective,
+            "lower_bound": self.lower_bound,
+            "gap": self.gap,
+            "bound_space": self.bound_space,
+            "universal_bound": self.universal_bound,
+            "throughput": self.throughput,
+            "latency": self.latency,
+            "memory_limit": self.memory_limit,
+            "wall_seconds": self.wall_seconds,
+            "stats": self.stats,
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+def save_joint_plan(plan: JointPlan, path: str | Path) -> None:
+    """Write the plan's JSON atomically (a temporary name renamed into place)."""
+    from solver.files import write_json_atomic
+
+    write_json_atomic(path, plan.to_dict())
+
+
+# ---------------------------------------------------------------------- the cost function
+@dataclass(frozen=True)
+class StageSpec:
+    """What defines a stage: its operator range, devices, mesh shape and strategies."""
+
+    start: int
+    end: int
+    devices: tuple[int, ...]
+    shape: tuple[int, ...]
+    strategies: dict[str, Strategy]
+
+
+def price_stages(sm, cluster: Cluster, specs: list[StageSpec], memory: float | None):
+    """The stages of ``specs`` priced: each program by the sharding cost function on its
+    sub-mesh (slowest compute of its devices), transfers by the rule of docs/joint.md.
+    Returns ``(stages, over)`` where ``over`` names the first stage over its memory limit."""
+    from solver.joint.segment import make_segment, tensor_bytes
+    from solver.joint.submesh import stage_limit, sub_cluster, transfer_time
+    from solver.sharding.mesh import mesh_on
+    from solver.sharding.program import Planner, evaluate
+
+    stage_of: dict[str, int] = {}
+    segs, stages = [], []
+    over = None
+    for i, sp in enumerate(specs):
+        seg = make_segment(sm, sp.start, sp.end)
+        segs.append(seg)
+        sub = sub_cluster(cluster, sp.devices)
+        mesh = mesh_on(cluster, sp.devices, sp.shape)
+        prog = evaluate(Planner(seg.sm, mesh, sub), sp.strategies)
+        limit = stage_limit(cluster, sp.devices, memory)
+        if over is None and limit is not None and prog.memory_per_device > limit:
+            over = f"stage {i} needs {prog.memory_per_device:.0f} bytes per device > {limit:.0f}"
+        for t in seg.outputs:
+            stage_of[t] = i
+        stages.append(
+            Stage(
+                i,
+                tuple(sp.devices),
+                mesh,
+                seg.ops,
+                seg.inputs,
+                seg.outputs,
+                dict(sp.strategies),
+                prog.objective,
+                0.0,
+                0.0,
+                prog.memory_per_device,
+                prog.collectives(),
+            )
+        )
+    for t_idx, seg in enumerate(segs):
+        for x in seg.inputs:
+            s_idx = stage_of.get(x)
+            if s_idx is None:  # a model input: arrives free
+                continue
+            dt = transfer_time(
+                tensor_bytes(sm, x), cluster, specs[s_idx].devices, specs[t_idx].devices
+            )
+            stages[t_idx].io_in += dt
+            stages[s_idx].io_out += dt
+    return stages, over
+
+
+# ---------------------------------------------------------------------- reading
+def _strategy(value, where: str) -> Strategy:
+    if not isinstance(value, list) or not all(
+        isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+        for x in value
+    ):
+        raise MtppError(f"{where}: a strategy must be a list of lists of whole numbers")
+    return tuple(tuple(x) for x in value)
+
+
+def _number(data: dict, key: str, where: str, optional: bool = False) -> float | None:
+    v = data.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise MtppError(f"{where}: {key!r} must be a finite number, got {str(v)[:40]!r}")
+    return float(v)
+
+
+def load_joint_plan(path: str | Path, model=None) -> JointPlan:
+    """Read a joint plan written by ``mtpp solve --method joint --out``. Given ``model`` (an
+    ONNX path or a ShardModel), every stage is priced again and a number that differs from
+    the file's (a tampered plan) is refused with one line, as is a plan that does not cover
+    the model's operators in order."""
+    from solver.cluster import cluster_from_dict
+    from solver.files import read_json
+    from solver.plan import ERROR, FEASIBLE, INFEASIBLE, INVALID, OPTIMAL, UNKNOWN
+
+    where = str(path)
+    data = read_json(path, "joint plan")
+    if not isinstance(data, dict) or data.get("format") != JOINT_FORMAT:
+        raise MtppError(f"{where}: not a joint plan (format {JOINT_FORMAT!r} expected)")
+    if data.get("version") != JOINT_VERSION:
+        raise MtppError(f"{where}: joint plan version {data.get('version')!r} is not supported")
+    cluster = cluster_from_dict(data.get("cluster"), f"{where}: cluster")
+    raw = data.get("stages")
+    if not isinstance(raw, list) or not raw:
+        raise MtppError(f"{where}: 'stages' must be a non-empty list")
+    stages = []
+    used: set[int] = set()
+    for i, st in enumerate(raw):
+        w = f"{where}: stage {i}"
+        if not isinstance(st, dict):
+            raise MtppError(f"{w}: must be a mapping")
+        devices = st.get("devices")
+        if (
+            not isinstance(devices, list)
+            or not devices
+            or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < cluster.devices
+                for d in devices
+            )
+        ):
+            raise MtppError(f"{w}: 'devices' must list device ids 0..{cluster.devices - 1}")
+        if used & set(devices) or len(set(devices)) != len(devices):
+            raise MtppError(f"{w}: a device is used twice; stages run on disjoint devices")
+        used |= set(devices)
+        m = st.get("mesh")
+        if not isinstance(m, dict):
+            raise MtppError(f"{w}: 'mesh' must be a mapping")
+        shape, bw, lat = m.get("shape"), m.get("bandwidth"), m.get("latency")
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)
+            or math.prod(shape) != len(devices)
+        ):
+            raise MtppError(f"{w}: mesh shape {shape!r} must multiply to {len(devices)} devices")
+        numbers = [bw, lat]
+        if not all(
+            isinstance(v, list)
+            and len(v) == len(shape)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+            for v in numbers
+        ):
+            raise MtppError(f"{w}: mesh bandwidth and latency need one number per axis")
+        mesh = Mesh(tuple(shape), tuple(map(float, bw)), tuple(map(float, lat)))
+        names = [k for k in ("ops", "inputs", "outputs") if not isinstance(st.get(k), list)]
+        if names or not isinstance(st.get("strategies"), dict):
+            raise MtppError(f"{w}: 'ops', 'inputs', 'outputs' and 'strategies' are required")
+        strategies = {
+            str(k): _strategy(v, f"{w}: strategy of {k!r}") for k, v in st["strategies"].items()
+        }
+        stage = Stage(
+            i,
+            tuple(devices),
+            mesh,
+            tuple(map(str, st["ops"])),
+            tuple(map(str, st["inputs"])),
+            tuple(map(str, st["outputs"])),
+            strategies,
+            _number(st, "program_time", w),
+            _number(st, "io_in", w),
+            _number(st, "io_out", w),
+            _number(st, "memory_per_device", w),
+            dict(st.get("collectives") or {}),
+        )
+        claimed = _number(st, "time", w)
+        if abs(claimed - stage.time) > CHECK_TOL * abs(stage.time):
+            raise MtppError(f"{w}: time {claimed!r} is not program_time + io_in + io_out")
+        stages.append(stage)
+    status = data.get("status")
+    if status not in (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, INVALID, ERROR):
+        raise MtppError(f"{where}: unknown status {str(status)[:40]!r}")
+    model_info = data.get("model") if isinstance(data.get("model"), dict) else {}
+    plan = JointPlan(
+        str(model_info.get("name", "model")),
+        cluster,
+        _number(data, "memory_limit", where, optional=True),
+        stages,
+        status,
+        _number(data, "lower_bound", where, optional=True),
+        str(data.get("bound_space", "")),
+        _number(data, "universal_bound", where, optional=True),
+        str(data.get("space", "joint")),
+        _number(data, "wall_seconds", where, optional=True) or 0.0,
+        data.get("stats") if isinstance(data.get("stats"), dict) else {},
+        model_info.get("path") if isinstance(model_info.get("path"), str) else None,
+    )
+    objective = _number(data, "objective", where)
+    if abs(objective - plan.objective) > CHECK_TOL * abs(plan.objective):
+        raise MtppError(f"{where}: objective {objective!r} is not the slowest stage's time")
+    if plan.lower_bound is not None and plan.lower_bound > plan.objective * (1 + CHECK_TOL):
+        raise MtppError(f"{where}: the lower bound exceeds the objective")
+    if status == OPTIMAL and (plan.gap is None or plan.gap > 1e-6):
+        raise MtppError(f"{where}: OPTIMAL without a lower bound within 1e-6 of the objective")
+    if model is not None:
+        check_against_model(plan, model, where)
+    return plan
+
+
+def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
+    """Price every stage again on ``model``; refuse a plan whose stages do not cover the
+    model's operators in order, or whose numbers differ from the recomputed ones."""
+    from solver.sharding.mesh import mesh_on
+    from solver.sharding.model import ShardModel, load_model
+
+    sm = model if isinstance(model, ShardModel) else load_model(model)
+    names = [op.name for op in sm.ops]
+    specs, pos = [], 0
+    for st in plan.stages:
+        n = len(st.ops)
+        if n == 0 or list(st.ops) != names[pos : pos + n]:
+            raise MtppError(
+                f"{where}: stage {st.index} does not hold the model's next operators in order "
+                f"(expected from {names[pos] if pos < len(names) else 'nothing'!r})"
+            )
+        missing = [o for o in st.ops if o not in st.strategies]
+        if missing:
+            raise MtppError(f"{where}: stage {st.index}: no strategy for operator {missing[0]!r}")
+        specs.append(StageSpec(pos, pos + n, st.devices, st.mesh.shape, st.strategies))
+        pos += n
+        mesh = mesh_on(plan.cluster, st.devices, st.mesh.shape)
+        if not _close(mesh.bandwidth, st.mesh.bandwidth) or not _close(
+            mesh.latency, st.mesh.latency
+        ):
+            raise MtppError(f"{where}: stage {st.index}: the mesh's links are not the cluster's")
+    if pos != len(names):
+        raise MtppError(f"{where}: the stages stop before operator {names[pos]!r}")
+    try:
+        fresh, over = price_stages(sm, plan.cluster, specs, plan.memory_limit)
+    except MtppError as e:
+        raise MtppError(f"{where}: {e}") from None
+    if over is not None:
+        raise MtppError(f"{where}: {over}")
+    for old, new in zip(plan.stages, fresh, strict=True):
+        for key in ("program_time", "io_in", "io_out", "memory_per_device"):
+            a, b = getattr(old, key), getattr(new, key)
+            if abs(a - b) > CHECK_TOL * max(abs(a), abs(b)) + 1e-15:
+                raise MtppError(
+                    f"{where}: stage {old.index}: {key} is {a!r} in the file but the model "
+                    f"gives {b!r}"
+                )
+        if old.inputs != new.inputs or old.outputs != new.outputs:
+            raise MtppError(f"{where}: stage {old.index}: inputs or outputs differ from the model")
+
+
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(
+        x == y or abs(x - y) <= CHECK_TOL * max(abs(x), abs(y)) for x, y in zip(a, b, strict=True)
+    )

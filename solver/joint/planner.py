@@ -1,0 +1,586 @@
+"""plan_joint: pipeline stages on sub-meshes, each sharding its operators, with a proven bound.
+
+Search space (``bound_space`` names it): stages are contiguous ranges of the operators in the
+model's topological order, cut at the cut points of :func:`solver.joint.segment.cut_points`;
+each stage runs on a sub-mesh of :func:`solver.joint.submesh.candidates` (devices taken in
+cluster order, disjoint); inside a stage any strategy per operator within the memory limit.
+
+The search is a dynamic programme over stages whose labels are (slowest finished stage, the
+current stage's receive time): exact for the bottleneck objective when every tensor goes to the
+next stage, and bracketed (a lower and an upper price) for a tensor that skips a stage. It runs
+twice per round: with every (segment, sub-mesh) program priced by a heuristic plan (upper: the
+best of data parallel, Megatron and propagation that fits) and by a certified lower bound
+(least compute, then the exact sharding solver's bound). Segments that the incumbent uses or
+that the lower programme's optimum uses are then solved exactly (``solve_sharding(method=
+"cpsat")``), until the bound meets the incumbent or time runs out. Costs are cached by segment
+signature (repeated identical layers are priced once).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.cluster import Cluster
+from solver.errors import MtppError
+from solver.joint.plan import JointPlan, StageSpec, price_stages
+from solver.joint.segment import Segment, cut_points, make_segment, tensor_bytes
+from solver.joint.submesh import SPACES, SubMesh, candidates, stage_limit, sub_cluster
+from solver.sharding.rules import Strategy
+
+HEURISTICS = ("dp", "megatron", "propagate")
+EXACT_SHARE = 0.25  # most of the time left one exact segment solve may take
+EXACT_MIN_SECONDS = 1.0
+EXACT_MAX_SECONDS = 30.0
+
+
+@dataclass
+class PairCost:
+    """The program of one segment on one sub-mesh: upper (a plan that fits) and lower."""
+
+    upper: float = math.inf
+    strategies: tuple[Strategy, ...] | None = None  # by operator position in the segment
+    lower: float = 0.0
+    exact_tried: bool = False
+    infeasible: bool = False  # proven: no strategy fits the memory limit
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Label:
+    worst: float  # slowest finished stage
+    recv: float  # the current stage's receive time so far
+    state: tuple | None  # the stage (ia, ib, m) this label sits at
+    prev: _Label | None
+
+
+class _Search:
+    """One joint search: model, cluster, candidates, caches."""
+
+    def __init__(self, sm, cluster: Cluster, memory, space, deadline, progress, workers):
+        self.sm, self.cluster, self.memory = sm, cluster, memory
+        self.space, self.deadline, self.progress, self.workers = space, deadline, progress, workers
+        n = len(sm.ops)
+        self.n = n
+        self.cuts = [0, n] if space == "sharding" else cut_points(sm)
+        self.meshes: list[SubMesh] = candidates(cluster, space)
+        self.segments: dict[tuple[int, int], Segment] = {}
+        self.costs: dict[tuple, PairCost] = {}
+        self.stats = {"exact_solves": 0, "heuristic_pairs": 0, "rounds": 0}
+        self._bw: dict[tuple[int, int], float] = {}
+        # per device position in cluster order: the fastest and slowest link to any device
+        # before / after a sub-mesh (bounds on transfers to stages not yet known)
+        self._link_cache: dict = {}
+        self._mesh_keys: dict[int, tuple] = {}
+        self._pairs: dict[tuple[int, int, int], PairCost] = {}
+        self._wholes: dict[tuple, tuple] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def segment(self, a: int, b: int) -> Segment:
+        seg = self.segments.get((a, b))
+        if seg is None:
+            seg = self.segments[(a, b)] = make_segment(self.sm, a, b)
+        return seg
+
+    def mesh_key(self, m: int) -> tuple:
+        """What a program's cost depends on besides the segment (equal for alike sub-meshes)."""
+        key = self._mesh_keys.get(m)
+        if key is None:
+            mesh = self.meshes[m]
+            sub = sub_cluster(self.cluster, mesh.devices)
+            key = (mesh.mesh, sub.compute, sub.memory_bandwidth, self.limit(mesh))
+            self._mesh_keys[m] = key
+        return key
+
+    def limit(self, m: SubMesh) -> float | None:
+        return stage_limit(self.cluster, m.devices, self.memory)
+
+    def time_left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def bw(self, i: int, j: int) -> float:
+        """Slowest link between sub-meshes i and j."""
+        key = (i, j)
+        if key not in self._bw:
+            from solver.joint.submesh import slowest_link
+
+            a, b = self.meshes[i].devices, self.meshes[j].devices
+            self._bw[key] = slowest_link(self.cluster, a, b)
+        return self._bw[key]
+
+    def outside_link(self, m: int, before: bool, fastest: bool) -> float:
+        """The fastest (or slowest) link between sub-mesh m and a device before (after) it in
+        cluster order; inf (fastest) or 0 (slowest)... when there is none."""
+        key = (m, before, fastest)
+        if key not in self._link_cache:
+            from solver.joint.submesh import device_order
+
+            order = device_order(self.cluster)
+            sm_ = self.meshes[m]
+            others = order[: sm_.start] if before else order[sm_.end :]
+            if not others:
+                val = math.inf if fastest else 0.0
+            else:
+                a, b = np.meshgrid(np.asarray(others), np.asarray(sm_.devices), indexing="ij")
+                bw1, _ = self.cluster.link_arrays(a.ravel(), b.ravel())
+                bw2, _ = self.cluster.link_arrays(b.ravel(), a.ravel())
+                both = np.concatenate([bw1, bw2])
+                val = float(both.max() if fastest else both.min())
+            self._link_cache[key] = val
+        return self._link_cache[key]
+
+    # ------------------------------------------------------------------ program costs
+    def pair(self, a: int, b: int, m: int) -> PairCost:
+        """The cached cost of segment a..b on sub-mesh m (heuristics and lower bound on first
+        use)."""
+        pc = self._pairs.get((a, b, m))
+        if pc is None:
+            seg = self.segment(a, b)
+            key = (seg.signature, self.mesh_key(m))
+            pc = self.costs.get(key)
+            if pc is None:
+                pc = self.costs[key] = self._initial(seg, m)
+            self._pairs[(a, b, m)] = pc
+        return pc
+
+    def _whole(self, m: int):
+        """The whole model's Planner on sub-mesh m (one per alike sub-meshes) and the prefix
+        sums of each operator's least compute there."""
+        from solver.sharding.program import Planner
+
+        key = self.mesh_key(m)
+        got = self._wholes.get(key)
+        if got is None:
+            mesh = self.meshes[m]
+            planner = Planner(self.sm, mesh.mesh, sub_cluster(self.cluster, mesh.devices))
+            least = [
+                min(planner.compute_time(i, sh) for sh in planner.candidates(i))
+                for i in range(self.n)
+            ]
+            got = self._wholes[key] = (planner, np.concatenate([[0.0], np.cumsum(least)]))
+        return got
+
+    def _planner(self, seg: Segment, m: int):
+        """A Planner of the segment that shares the whole model's caches: they are keyed by
+        operator signature, so a repeated operator is sharded and priced once per mesh."""
+        from solver.sharding.program import Planner
+
+        mesh = self.meshes[m]
+        planner = Planner(seg.sm, mesh.mesh, sub_cluster(self.cluster, mesh.devices))
+        whole, _ = self._whole(m)
+        for cache in ("_cache", "_cands", "_time"):  # a speed-up only: skipped if renamed
+            if isinstance(getattr(whole, cache, None), dict) and hasattr(planner, cache):
+                setattr(planner, cache, getattr(whole, cache))
+        return planner
+
+    def _initial(self, seg: Segment, m: int) -> PairCost:
+        from solver.sharding.patterns import data_parallel_plan, megatron_plan
+        from solver.sharding.program import evaluate
+        from solver.sharding.propagate import propagate
+
+        pc = PairCost()
+        mesh = self.meshes[m]
+        limit = self.limit(mesh)
+        if limit is not None and weight_floor(seg, mesh.size) > limit:
+            pc.infeasible, pc.lower = True, math.inf
+            pc.sources.append("weights alone exceed the limit")
+            return pc
+        _, least = self._whole(m)
+        pc.lower = float(least[seg.end] - least[seg.start])
+        pc.sources.append("least compute")
+        if self.time_left() <= 0:
+            return pc
+        planner = self._planner(seg, m)
+        self.stats["heuristic_pairs"] += 1
+        fns = {"dp": data_parallel_plan, "megatron": megatron_plan, "propagate": propagate}
+        for name in HEURISTICS:
+            strategies = fns[name](planner, {})
+            prog = evaluate(planner, strategies)
+            if (limit is None or prog.memory_per_device <= limit) and prog.objective < pc.upper:
+                pc.upper = prog.objective
+                pc.strategies = tuple(strategies[op.name] for op in seg.sm.ops)
+                pc.sources.append(name)
+        pc.lower = min(pc.lower, pc.upper)
+        return pc
+
+    def refine(self, a: int, b: int, m: int) -> bool:
+        """Solve segment a..b on sub-mesh m exactly (once); True when something was done."""
+        from solver.sharding.solve import solve_sharding
+
+        pc = self.pair(a, b, m)
+        if pc.exact_tried or pc.infeasible or pc.upper <= pc.lower:
+            return False
+        left = self.time_left()
+        if left < EXACT_MIN_SECONDS:
+            return False
+        pc.exact_tried = True
+        seg, mesh = self.segment(a, b), self.meshes[m]
+        limit = self.limit(mesh)
+        budget = min(EXACT_MAX_SECONDS, max(EXACT_MIN_SECONDS, EXACT_SHARE * left))
+        if self.progress is not None:
+            self.progress.note(
+                f"exact sharding of ops {a}..{b - 1} on devices {_span(mesh.devices)}"
+            )
+        self.stats["exact_solves"] += 1
+        try:
+            res = solve_sharding(
+                seg.sm,
+                mesh=mesh.mesh.shape,
+                method="cpsat",
+                memory=limit,
+                time_limit=budget,
+                cluster=sub_cluster(self.cluster, mesh.devices),
+                workers=self.workers,
+            )
+        except MtppError as e:
+            if str(e).startswith("no sharding plan fits"):  # proven by CP-SAT
+                pc.infeasible, pc.lower, pc.upper = True, math.inf, math.inf
+                pc.strategies = None
+                pc.sources.append("cpsat: proven infeasible")
+            return True
+        if res.objective < pc.upper:
+            pc.upper = res.objective
+            pc.strategies = tuple(res.strategies[op.name] for op in seg.sm.ops)
+            pc.sources.append("cpsat")
+        if res.lower_bound is not None and res.lower_bound > pc.lower:
+            pc.lower = min(res.lower_bound, pc.upper)
+            pc.sources.append(f"cpsat bound ({res.status})")
+        return True
+
+    # ------------------------------------------------------------------ the DP
+    def dp(self, upper: bool, cap: float = math.inf) -> tuple[float, list[tuple[int, int, int]]]:
+        """Min over stage sequences of the slowest stage, programs priced ``upper`` or lower.
+        Returns (value, stages as (a, b, sub-mesh)); value inf when no sequence exists.
+        Labels whose finished stages are already >= ``cap`` are dropped (see docs/joint.md)."""
+        cuts, meshes = self.cuts, self.meshes
+        nc = len(cuts)
+        last = nc - 1
+        best = cap
+        best_label: _Label | None = None
+        labels: dict[tuple[int, int, int], list[_Label]] = {}
+
+        def prog(ia: int, ib: int, m: int) -> float:
+            pc = self.pair(cuts[ia], cuts[ib], m)
+            return pc.upper if upper else pc.lower
+
+        for ib in range(1, nc):
+            for m in range(len(meshes)):
+                if math.isfinite(prog(0, ib, m)):
+                    labels[(0, ib, m)] = [_Label(0.0, 0.0, (0, ib, m), None)]
+        for ia in range(nc - 1):
+            for ib in range(ia + 1, nc):
+                for m in range(len(meshes)):
+                    state = (ia, ib, m)
+                    here = labels.pop(state, None)
+                    if not here:
+                        continue
+                    p = prog(ia, ib, m)
+                    if ib == last:
+                        for lab in here:
+                            total = max(lab.worst, p + lab.recv)
+                            if total < best:
+                                best, best_label = total, _Label(total, 0.0, state, lab)
+                        continue
+                    for ic in range(ib + 1, nc):
+                        for m2 in range(len(meshes)):
+                            if meshes[m2].start < meshes[m].end:
+                                continue
+                            p2 = prog(ib, ic, m2)
+                            if not math.isfinite(p2):
+                                continue
+                            x, out_s, in_t = self.io(ia, ib, ic, m, m2, upper)
+                            for lab in here:
+                                worst = max(lab.worst, p + lab.recv + x + out_s)
+                                if worst >= best or p2 + x + in_t >= best:
+                                    continue
+                                _insert(
+                                    labels.setdefault((ib, ic, m2), []),
+                                    _Label(worst, x + in_t, (ib, ic, m2), lab),
+                                )
+        if best_label is None:
+            return best, []
+        path = []
+        lab = best_label.prev
+        while lab is not None:
+            ia, ib, m = lab.state
+            path.append((cuts[ia], cuts[ib], m))
+            lab = lab.prev
+        return best, path[::-1]
+
+    def io(self, ia, ib, ic, m, m2, upper) -> tuple[float, float, float]:
+        """Transfers when stage s = (ia, ib) on m is followed by t = (ib, ic) on m2: x the
+        s -> t time (both pay it), out_s what s sends past t, in_t what t receives from
+        stages before s (each bracketed: upper or lower price)."""
+        key = (ia, ib, ic, m, m2, upper)
+        got = self._link_cache.get(key)
+        if got is not None:
+            return got
+        cuts = self.cuts
+        a, b, c = cuts[ia], cuts[ib], cuts[ic]
+        ms, mt = self.meshes[m], self.meshes[m2]
+        seg_t = self.segment(b, c)
+        x = 0.0
+        far_in = 0.0
+        for t in seg_t.inputs:
+            q = self.sm.producer.get(t)
+            if q is None:
+                continue
+            nbytes = tensor_bytes(self.sm, t)
+            if q >= a:
+                x += nbytes / (min(ms.size, mt.size) * self.bw(m, m2))
+            elif upper:
+                far_in += nbytes / self.outside_link(m2, before=True, fastest=False)
+            else:
+                far_in += nbytes / (mt.size * self.outside_link(m2, before=True, fastest=True))
+        far_out = 0.0
+        for t in self.segment(a, b).outputs:
+            readers = self.reader_intervals(t, c)
+            if not readers:
+                continue
+            nbytes = tensor_bytes(self.sm, t)
+            if upper:
+                far_out += readers * nbytes / self.outside_link(m, before=False, fastest=False)
+            else:
+                far_out += nbytes / (ms.size * self.outside_link(m, before=False, fastest=True))
+        got = self._link_cache[key] = (x, far_out, far_in)
+        return got
+
+    def reader_intervals(self, t: str, c: int) -> int:
+        """How many intervals between consecutive cut points at or after ``c`` read ``t``: at
+        most that many later stages receive it."""
+        key = ("readers", t, c)
+        got = self._link_cache.get(key)
+        if got is None:
+            readers = {i for i, op in enumerate(self.sm.ops) if i >= c and t in op.node.input}
+            got = sum(
+                1
+                for lo, hi in zip(self.cuts, self.cuts[1:], strict=False)
+                if lo >= c and any(lo <= r < hi for r in readers)
+            )
+            self._link_cache[key] = got
+        return got
+
+    def specs(self, path) -> list[StageSpec]:
+        out = []
+        for a, b, m in path:
+            pc = self.pair(a, b, m)
+            seg, mesh = self.segment(a, b), self.meshes[m]
+            strategies = {op.name: s for op, s in zip(seg.sm.ops, pc.strategies, strict=True)}
+            out.append(StageSpec(a, b, mesh.devices, mesh.mesh.shape, strategies))
+        return out
+
+
+def _insert(labels: list[_Label], new: _Label) -> None:
+    """Keep the Pareto front of (worst, recv): drop ``new`` if dominated, else the ones it
+    dominates."""
+    for lab in labels:
+        if lab.worst <= new.worst and lab.recv <= new.recv:
+            return
+    labels[:] = [lab for lab in labels if not (new.worst <= lab.worst and new.recv <= lab.recv)]
+    labels.append(new)
+
+
+def weight_floor(seg: Segment, devices: int) -> float:
+    """Bytes per device the segment's weights need at least: each split over every device."""
+    sm = seg.sm
+    weights = {t for op in sm.ops for t in op.data_inputs if t in sm.consts}
+    return sum(tensor_bytes(sm, t) for t in weights) / devices
+
+
+def _span(devices) -> str:
+    d = list(devices)
+    return f"{d[0]}-{d[-1]}" if len(d) > 1 else str(d[0])
+
+
+def _fmt_bytes(x: float) -> str:
+    from solver.units import format_bytes
+
+    return f"{format_bytes(x)} ({x:.0f} bytes)"
+
+
+def universal_bound(sm, cluster: Cluster) -> float:
+    """A bound on every joint plan on every sub-meshes: the total least work on one device,
+    shared by all devices at their speed (an operator split over p devices does at least
+    1/p of its work on each), and no less than the heaviest operator split over all."""
+    from solver.sharding.mesh import Mesh
+    from solver.sharding.program import Planner
+
+    one = Cluster("one", 1, compute=cluster.compute, memory_bandwidth=cluster.memory_bandwidth)
+    planner = Planner(sm, Mesh((1,), (math.inf,), (0.0,)), one)
+    work = [
+        min(planner.compute_time(i, sh) for sh in planner.candidates(i)) for i in range(len(sm.ops))
+    ]
+    _, _, compute = cluster.device_arrays()
+    speed = np.maximum(1.0, compute / cluster.compute)
+    heaviest = max(work, default=0.0) / float(speed.max()) / cluster.devices
+    return max(sum(work) / float(speed.sum()), heaviest)
+
+
+def _describe_space(search: _Search) -> str:
+    shapes = [
+        "x".join(map(str, shape))
+        for shape in sorted({m.mesh.shape for m in search.meshes}, key=lambda s: (math.prod(s), s))
+    ]
+    n = search.n
+    cuts = len(search.cuts) - 2
+    if search.space == "sharding":
+        return (
+            f"one stage holding all {n} operators on all {search.cluster.devices} devices "
+            f"(meshes {', '.join(shapes)}), any strategy per operator within the memory limit"
+        )
+    where = "every position" if cuts == n - 1 else f"{cuts} cut points (fewest crossing tensors)"
+    on = (
+        "each on one device"
+        if search.space == "pipeline"
+        else f"each on a host-aligned sub-mesh (sizes/meshes {', '.join(shapes)})"
+    )
+    return (
+        f"pipelines of contiguous operator ranges split at {where} of the topological order, "
+        f"{on}, devices taken in cluster order, any strategy per operator within the memory "
+        "limit"
+    )
+
+
+def plan_joint(
+    model,
+    cluster,
+    memory=None,
+    time_limit: float = 60.0,
+    dims: dict[str, int] | None = None,
+    space: str = "joint",
+    progress=None,
+    *,
+    workers: int = 0,
+    gap: float = 0.0,
+) -> JointPlan:
+    """The best joint plan found within ``time_limit`` and a lower bound valid over its
+    ``space`` (module docstring). ``memory``: bytes or "40GB" per device (default: each
+    device's capacity); ``gap``: stop once the relative gap is at most this. Raises
+    :class:`MtppError` when no plan of the space fits."""
+    from solver.cluster import load_cluster
+    from solver.plan import FEASIBLE, OPTIMAL, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
+    from solver.sharding.model import ShardModel, load_model
+    from solver.units import parse_memory
+
+    t0 = time.perf_counter()
+    if space not in SPACES:
+        raise MtppError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
+    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+        raise MtppError(f"--time-limit must be a positive number of seconds, got {time_limit}")
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    if memory is not None and not isinstance(memory, (int, float)):
+        memory = parse_memory(memory)
+    elif memory is not None and not (0 < memory < math.inf):
+        raise MtppError(f"--memory must be a finite size > 0, got {memory!r}")
+    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
+    name = getattr(getattr(sm.model, "graph", None), "name", "") or "model"
+    search = _Search(sm, cluster, memory, space, t0 + time_limit, progress, workers)
+    _check_fits_somewhere(search)
+    if progress is not None:
+        c = len(search.cuts)
+        progress.note(f"pricing {c * (c - 1) // 2} segments x {len(search.meshes)} sub-meshes")
+    best_obj, best_stages, lb, low_val = math.inf, None, 0.0, 0.0
+    try:
+        while True:
+            search.stats["rounds"] += 1
+            _, up_path = search.dp(upper=True)
+            if up_path:
+                stages, over = price_stages(sm, cluster, search.specs(up_path), memory)
+                if over is not None:  # the pair costs come from plans that fit: a bug
+                    raise InvalidBoundError(f"a joint plan built from fitting programs: {over}")
+                obj = max(s.time for s in stages)
+                if obj < best_obj:
+                    best_obj, best_stages = obj, stages
+            low_val, low_path = search.dp(upper=False, cap=best_obj)
+            lb = max(lb, min(low_val, best_obj))
+            if progress is not None:
+                progress.update(best_obj, lb, time.perf_counter() - t0)
+            if best_stages is not None and best_obj - lb <= max(gap, OPTIMALITY_TOL) * best_obj:
+                break
+            if not low_path and best_stages is None:
+                break  # no plan of the space fits
+            todo = list(dict.fromkeys([*up_path, *low_path]))
+            did = [search.refine(a, b, m) for a, b, m in todo]
+            if not any(did):
+                break
+    except KeyboardInterrupt:  # as CP-SAT does: the best plan so far with its proven bound
+        if best_stages is None:
+            raise
+        search.stats["interrupted"] = True
+    if best_stages is None:
+        limit = _limit_text(cluster, memory)
+        if math.isinf(low_val):
+            raise MtppError(
+                f"proven: no joint plan of the {space} space fits the memory limit ({limit}): "
+                "every stage candidate needs more; raise --memory"
+            )
+        raise MtppError(
+            f"no joint plan found within {time_limit:g} s"
+            + (f" that fits the memory limit ({limit})" if limit else "")
+            + "; raise --time-limit"
+            + (" or --memory" if limit else "")
+        )
+    if bound_exceeds(lb, best_obj):
+        raise InvalidBoundError(f"joint lower bound {lb!r} above the objective {best_obj!r}")
+    lb = min(lb, best_obj)
+    ub = universal_bound(sm, cluster)
+    if bound_exceeds(ub, best_obj):
+        raise InvalidBoundError(f"universal bound {ub!r} above the objective {best_obj!r}")
+    status = OPTIMAL if best_obj - lb <= OPTIMALITY_TOL * best_obj else FEASIBLE
+    search.stats.update(
+        cut_points=len(search.cuts),
+        sub_meshes=len(search.meshes),
+        priced_pairs=len(search.costs),
+        segments=len(search.segments),
+    )
+    return JointPlan(
+        name,
+        cluster,
+        memory,
+        best_stages,
+        status,
+        lb,
+        _describe_space(search),
+        min(ub, best_obj),
+        space,
+        time.perf_counter() - t0,
+        search.stats,
+        None if isinstance(model, ShardModel) else str(model),
+    )
+
+
+def _limit_text(cluster: Cluster, memory) -> str | None:
+    """The memory limit in words; None when there is none."""
+    if memory is not None:
+        return f"{_fmt_bytes(memory)} per device"
+    _, capacity, _ = cluster.device_arrays()
+    if np.isinf(capacity).all():
+        return None
+    return "each device's capacity"
+
+
+def _check_fits_somewhere(search: _Search) -> None:
+    """Refuse at once (one line) an operator whose weights alone exceed the limit on every
+    candidate sub-mesh, naming it and the memory it needs."""
+    sm = search.sm
+    if not search.meshes:
+        raise MtppError("no candidate sub-mesh on this cluster")
+    for op in sm.ops:
+        weights = {t for t in op.data_inputs if t in sm.consts}
+        total = sum(tensor_bytes(sm, t) for t in weights)
+        need = {m.size: total / m.size for m in search.meshes}
+        limits = [(search.limit(m), m.size) for m in search.meshes]
+        if all(lim is not None and need[size] > lim for lim, size in limits):
+            size = max(m.size for m in search.meshes)
+            lim = max(lim for lim, _ in limits)
+            raise MtppError(
+                f"operator {op.name!r} ({op.op_type}) fits on no stage of the {search.space} "
+                f"space: its weights alone need {_fmt_bytes(need[size])} per device even split "
+                f"over {size} device(s), above the memory limit of {_fmt_bytes(lim)}; raise "
+                "--memory"
+                + (" or allow sharding (space joint)" if search.space == "pipeline" else "")
+            )
