@@ -5,6 +5,10 @@ The "exact optimum" of an instance (graph, cluster, k) comes only from a proof: 
 record, the benchmark file's known optimum (at the file's k on the cluster the file states), or
 a plan whose objective meets another record's certified lower bound. The report says when the
 only proof comes from the method being compared.
+
+Joint runs (pipeline vs sharding vs joint plans) get their own table and plot
+(joint_vs_spaces.png): each space's bound holds over that space only, so no joint record proves
+an optimum; the bound valid for every joint plan (``universal_bound``) is the instance's bound.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from solver.plan import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 
 # ---------------------------------------------------------------------- exact optima
 def _instance(r: dict) -> tuple:
+    if is_joint(r):  # a joint instance: model, cluster (all its devices) and memory limit
+        return ("joint", r.get("graph_key"), r.get("cluster_key"), r.get("memory_bytes"))
     if is_shard(r):  # a sharding instance: model, cluster, mesh and memory limit
         return (
             "shard",
@@ -34,6 +40,11 @@ def _instance(r: dict) -> tuple:
 def is_shard(r: dict) -> bool:
     """A record of an operator-sharding run (the experiment's ``shard:`` key)."""
     return r.get("kind") == "shard"
+
+
+def is_joint(r: dict) -> bool:
+    """A record of a joint-plan run (the experiment's ``joint:`` key)."""
+    return r.get("kind") == "joint"
 
 
 def _known(r: dict) -> float | None:
@@ -106,6 +117,10 @@ def _evidence(r: dict) -> dict:
     if is_shard(r) and (r.get("options") or {}).get("config"):
         status = FEASIBLE if r.get("status") == OPTIMAL else r.get("status")
         return dict(r, lower_bound=None, status=status)
+    if is_joint(r):  # each space's bound and OPTIMAL hold over that space only: of the
+        # instance (every joint plan) only the universal bound is known
+        status = FEASIBLE if r.get("status") == OPTIMAL else r.get("status")
+        return dict(r, lower_bound=r.get("universal_bound"), status=status)
     return r
 
 
@@ -114,7 +129,9 @@ def enrich(records: list[dict]) -> list[dict]:
     by_inst: dict[tuple, list[dict]] = {}
     for r in records:
         by_inst.setdefault(_instance(r), []).append(_evidence(r))
-    proofs = {key: prove_optimum(recs, key[0] == "shard") for key, recs in by_inst.items()}
+    proofs = {
+        key: prove_optimum(recs, key[0] in ("shard", "joint")) for key, recs in by_inst.items()
+    }
     out = []
     for r in records:
         key = _instance(r)
@@ -163,6 +180,11 @@ CSV_COLUMNS = [
     "id",
     "mesh",
     "memory",
+    "space",
+    "gap",
+    "universal_bound",
+    "sim_period",
+    "sim_disagrees",
 ]
 
 
@@ -176,11 +198,15 @@ def write_reports(records: list[dict], out: Path, name: str = "experiment") -> N
         for r in rows:
             w.writerow({c: r.get(c) for c in CSV_COLUMNS})
     os.replace(tmp, out / "results.csv")
-    pipeline = [r for r in rows if not is_shard(r)]
+    pipeline = [r for r in rows if not is_shard(r) and not is_joint(r)]
     shard = [r for r in rows if is_shard(r)]
-    text = summary_markdown(pipeline, name) if pipeline or not shard else f"# {name}\n"
+    joint = [r for r in rows if is_joint(r)]
+    text = summary_markdown(pipeline, name) if pipeline or not (shard or joint) else f"# {name}\n"
     if shard:
         text += "\n" + shard_markdown(shard)
+    if joint:
+        text += "\n" + joint_markdown(joint)
+        plot_joint(joint, out)
     (out / ".summary.md.tmp").write_text(text)
     os.replace(out / ".summary.md.tmp", out / "summary.md")
     plot_results(pipeline, out)
@@ -285,6 +311,248 @@ def shard_markdown(rows: list[dict]) -> str:
         rows, lambda r: f"{r['graph']} on mesh {r['mesh']}, memory {r.get('memory')}"
     )
     return "\n".join(lines) + "\n"
+
+
+JOINT_ORDER = ("pipeline", "sharding", "joint")
+SAME = 1e-9  # relative: two objectives closer than this are equal (a tie)
+
+
+def _joint_groups(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """Joint records by (graph, cluster, memory), then by space, in the order of the runs."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        key = (r["graph"], r.get("cluster"), r.get("memory"))
+        groups.setdefault(key, {})[r["space"]] = r
+    return groups
+
+
+def _obj(r: dict | None) -> float | None:
+    return r["objective"] if r is not None and _feasible(r) else None
+
+
+def _stages_text(r: dict) -> str:
+    """A plan's stages as 'devices (mesh)': ``d0-3 (2x2) | d4-7 (4)``."""
+    parts = []
+    for st in r.get("stages") or []:
+        d = st["devices"]
+        span = f"d{d[0]}" if len(d) == 1 else f"d{d[0]}-{d[-1]}"
+        if len(d) > 1 and list(d) != list(range(d[0], d[-1] + 1)):
+            span = "d" + ",".join(map(str, d))
+        parts.append(f"{span} ({st['mesh']})")
+    return " \\| ".join(parts) or "-"
+
+
+def _sim_text(r: dict) -> str:
+    if r.get("sim_period") is None:
+        return "-"
+    obj = r["objective"]
+    if r.get("sim_disagrees"):
+        return f"DISAGREES: {r['sim_period']:.6g} s ({(r['sim_period'] - obj) / obj:+.2e})"
+    return "agrees" + ("" if r.get("sim_valid", True) else " (violations)")
+
+
+def joint_wins(rows: list[dict]) -> list[dict]:
+    """The instances where the joint plan is strictly faster than both the pure pipeline and
+    the pure sharding plan (beyond ties) and the simulator agrees with all three objectives:
+    graph, cluster, memory, the objectives and the speed-up over the better of the other two."""
+    wins = []
+    for (graph, cluster, memory), by in _joint_groups(rows).items():
+        j = _obj(by.get("joint"))
+        others = [(_obj(by.get(s)), by.get(s)) for s in ("pipeline", "sharding") if s in by]
+        if j is None or len(others) < 2:
+            continue
+        best_other = min((o for o, _ in others if o is not None), default=None)
+        checked = all(not x.get("sim_disagrees") for x in by.values() if _obj(x) is not None)
+        if (best_other is None or j < best_other * (1 - SAME)) and checked:
+            wins.append(
+                {
+                    "graph": graph,
+                    "cluster": cluster,
+                    "memory": memory,
+                    "joint": j,
+                    "best_other": best_other,
+                    "speedup": None if best_other is None else best_other / j,
+                }
+            )
+    return wins
+
+
+def joint_markdown(rows: list[dict]) -> str:
+    """The pipeline vs sharding vs joint table: per model, cluster and memory limit, each
+    space's objective with its ratio to the best and its gap to its own bound (the space that
+    bound covers is listed below), the winner, the bound valid for every joint plan, then the
+    plans' stages and the joint simulator's check of each."""
+    groups = _joint_groups(rows)
+    spaces = [s for s in JOINT_ORDER if any(s in by for by in groups.values())]
+    lines = [
+        "## Pipeline vs sharding vs joint plans",
+        "",
+        "The same cost model (sharded programs on sub-meshes plus transfers over the real links) "
+        "searched over three spaces on all the devices of the cluster: pure pipeline (every "
+        "stage on one device), pure sharding (one stage on all devices) and joint (stages on "
+        "sub-meshes). Each cell: period in seconds (one request per period), its ratio to the "
+        "best of the row, and its gap to the lower bound of its own space (which plans each "
+        "bound covers is listed below the table). 'universal bound': valid for every joint "
+        "plan, with the best plan's gap to it.",
+        "",
+        "| model | weights | cluster | memory | "
+        + " | ".join(spaces)
+        + " | best | joint vs best other | universal bound |",
+        "|---|---|---|---|" + "---|" * (len(spaces) + 3),
+    ]
+    errors = []
+    for (graph, cluster, memory), by in groups.items():
+        objs = {s: _obj(by.get(s)) for s in spaces}
+        best = min((v for v in objs.values() if v is not None), default=None)
+        cells = []
+        for s in spaces:
+            r = by.get(s)
+            if r is None:
+                cells.append("-")
+            elif objs[s] is None:
+                cells.append(f"{r['status']} [{len(errors) + 1}]")
+                errors.append(f"[{len(errors) + 1}] {graph}, {s}: {r.get('error') or r['status']}")
+            else:
+                gap = r.get("gap")
+                gap_text = f"gap {gap:.1%}" if gap is not None else "no bound"
+                cells.append(f"{objs[s]:.4g} (x{objs[s] / best:.3f}, {gap_text})")
+        if best is None:
+            win = "-"
+        else:
+            win = " = ".join(
+                s for s in spaces if objs[s] is not None and objs[s] <= best * (1 + SAME)
+            )
+        vs = "-"
+        others = [objs[s] for s in spaces if s != "joint" and objs[s] is not None]
+        if objs.get("joint") is not None and others:
+            ratio = min(others) / objs["joint"]
+            if abs(ratio - 1) <= SAME:
+                vs = "equal"
+            else:
+                vs = f"{ratio:.3f}x " + ("faster" if ratio > 1 else "slower")
+        elif objs.get("joint") is not None and any(s in by for s in spaces if s != "joint"):
+            vs = "only joint fits"
+        ubs = [r["universal_bound"] for r in by.values() if r.get("universal_bound") is not None]
+        ub = max(ubs, default=None)
+        ub_text = (
+            "-"
+            if ub is None
+            else f"{ub:.4g}" + (f" (best {(best - ub) / best:.1%} above)" if best else "")
+        )
+        weights = next((r.get("weight_bytes") for r in by.values() if r.get("weight_bytes")), None)
+        w_text = "-" if weights is None else f"{weights / 1e6:.3g} MB"
+        lines.append(
+            f"| {graph} | {w_text} | {cluster} | {memory or 'device capacity'} | "
+            + " | ".join(cells)
+            + f" | {win} | {vs} | {ub_text} |"
+        )
+    if errors:
+        lines += ["", *errors]
+    lines += ["", "Which plans each space's bound covers:", ""]
+    for s in spaces:
+        sentences = sorted(
+            {r["bound_space"] for r in rows if r["space"] == s and r.get("bound_space")}
+        )
+        for sentence in sentences:
+            lines.append(f"- {s}: {sentence}")
+    wins = joint_wins(rows)
+    lines += [
+        "",
+        f"Joint strictly faster than both pure pipeline and pure sharding, the simulator "
+        f"agreeing with every plan of the row: {len(wins)} of {len(groups)} rows"
+        + (
+            " ("
+            + "; ".join(
+                f"{w['graph']} on {w['cluster']}, memory {w['memory'] or 'capacity'}: "
+                + (f"{w['speedup']:.3f}x" if w["speedup"] else "the only plan")
+                for w in wins
+            )
+            + ")."
+            if wins
+            else "."
+        ),
+        "",
+        "| model | cluster | memory | space | status | stages: devices (mesh) | simulated period |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (graph, cluster, memory), by in groups.items():
+        for s in spaces:
+            r = by.get(s)
+            if r is None or _obj(r) is None:
+                continue
+            lines.append(
+                f"| {graph} | {cluster} | {memory or 'device capacity'} | {s} | {r['status']} | "
+                f"{_stages_text(r)} | {_sim_text(r)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+JOINT_COLORS = {"pipeline": "tab:blue", "sharding": "tab:orange", "joint": "tab:green"}
+
+
+def plot_joint(rows: list[dict], out: Path) -> None:
+    """joint_vs_spaces.png: objective per model size (weight bytes) of each space, one panel
+    per cluster and memory limit; each space's lower bound dashed, the universal bound
+    dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.get("cluster"), r.get("memory") or "") for r in rows})
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
+    for ax, (cluster, memory) in zip(axes[0], panels, strict=False):
+        mine = [r for r in rows if (r.get("cluster"), r.get("memory") or "") == (cluster, memory)]
+        for s in JOINT_ORDER:
+            pts = sorted(
+                (r["weight_bytes"] / 1e6, r["objective"], r.get("lower_bound"))
+                for r in mine
+                if r["space"] == s and _feasible(r) and r.get("weight_bytes")
+            )
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[1] for p in pts], "o-", color=JOINT_COLORS[s], label=s, markersize=4)
+            lb = [(p[0], p[2]) for p in pts if p[2] is not None]
+            if lb:
+                ax.plot(
+                    *zip(*lb, strict=True),
+                    "--",
+                    color=JOINT_COLORS[s],
+                    linewidth=1,
+                    label=f"{s} bound",
+                )
+        ub: dict[float, float] = {}
+        for r in mine:
+            if r.get("universal_bound") is not None and r.get("weight_bytes"):
+                x = r["weight_bytes"] / 1e6
+                ub[x] = max(ub.get(x, 0.0), r["universal_bound"])
+        if ub:
+            ax.plot(
+                *zip(*sorted(ub.items()), strict=True),
+                ":",
+                color="black",
+                linewidth=1,
+                label="universal bound",
+            )
+        tops: dict[tuple, float] = {}  # each model's name above its highest point
+        for r in mine:
+            if _feasible(r) and r.get("weight_bytes"):
+                key = (r["weight_bytes"] / 1e6, r["graph"])
+                tops[key] = max(tops.get(key, 0.0), r["objective"])
+        for (x, graph), y in tops.items():
+            ax.annotate(
+                graph, (x, y), xytext=(0, 4), textcoords="offset points", fontsize=6, ha="center"
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("model weights (MB)")
+        ax.set_ylabel("period (s)")
+        ax.set_title(f"{cluster}, memory {memory or 'capacity'}", fontsize=9)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+    _save_figure(fig, out / "joint_vs_spaces.png")
 
 
 def _conflict_lines(rows: list[dict], instance) -> list[str]:

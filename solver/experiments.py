@@ -26,6 +26,12 @@ strategy ``config:`` per method) adds operator-level sharding runs of the config
 (:func:`solver.sharding.solve.solve_sharding`), recorded like the pipeline runs; a plan over the
 memory limit is an ERROR record with the memory it needs.
 
+An optional ``joint:`` key (memory limits, spaces pipeline/sharding/joint, a time limit)
+adds joint-plan runs of the config's ONNX graphs on all the devices of each cluster
+(:func:`solver.joint.plan_joint`): the same cost model over three search spaces, each record
+with its objective, bound and the space the bound covers, the bound valid for every joint
+plan, the stages, and the period the joint simulator measures for the plan.
+
 The reports and the proofs of exact optima are in :mod:`solver.experiment_reports`.
 
 Cores: on the local backend each run gets ``max(1, cores // jobs)`` CP-SAT workers (or the
@@ -165,6 +171,36 @@ class ShardSpec(_Strict):
         return [ShardMethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
 
 
+JOINT_SPACES = ("pipeline", "sharding", "joint")  # solver.joint.submesh.SPACES
+JointSpaceName = Literal["pipeline", "sharding", "joint"]
+
+
+class JointSpec(_Strict):
+    """Pipeline vs sharding vs joint plans (:func:`solver.joint.plan_joint`) of the config's
+    ONNX graphs on each cluster's devices: memory limits x spaces. A memory limit of null is
+    each device's capacity. Each run's plan is checked by the joint simulator."""
+
+    spaces: list[JointSpaceName] = Field(default=list(JOINT_SPACES), min_length=1)
+    memory: list[Annotated[str, Field(min_length=1)] | int | float | None] = [None]
+    time_limit: Seconds | None = None
+    requests: Annotated[int, Field(strict=True, ge=2, le=10_000)] = 20  # simulated requests
+    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
+
+    def method_specs(self) -> list[MethodSpec]:
+        """One method per space, labelled ``space-<name>`` (apart from the pipeline methods)."""
+        return [
+            MethodSpec(
+                name=f"joint-{s}", time_limit=self.time_limit, label=joint_label(s), cpus=self.cpus
+            )
+            for s in self.spaces
+        ]
+
+
+def joint_label(space: str) -> str:
+    """The method label of a joint run in ``space``."""
+    return f"space-{space}"
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     graphs: list[GraphSpec] = Field(min_length=1)
@@ -172,6 +208,7 @@ class ExperimentConfig(_Strict):
     devices: list[Count | None] = [None]  # None: the graph file's k (or the cluster's)
     methods: list[str | MethodSpec] = []  # pipeline partitioning methods
     shard: ShardSpec | None = None  # operator-level sharding runs (solver.sharding)
+    joint: JointSpec | None = None  # pipeline vs sharding vs joint plans (solver.joint)
     time_limit: Seconds = 60.0
     seeds: list[Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]] = [0]
     repeats: Count = 1
@@ -181,8 +218,10 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _some_methods(self):
-        if not self.methods and self.shard is None:
-            raise ValueError("give 'methods' (pipeline partitioning) or 'shard' (or both)")
+        if not self.methods and self.shard is None and self.joint is None:
+            raise ValueError(
+                "give 'methods' (pipeline partitioning), 'shard' or 'joint' (or several)"
+            )
         return self
 
     def pipeline_specs(self) -> list[MethodSpec]:
@@ -190,9 +229,10 @@ class ExperimentConfig(_Strict):
         return [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
 
     def method_specs(self) -> list[MethodSpec]:
-        """Every method by its label: the pipeline ones, then the sharding ones."""
+        """Every method by its label: the pipeline ones, the sharding ones, the joint spaces."""
         shard = [m.as_method() for m in self.shard.method_specs()] if self.shard else []
-        return self.pipeline_specs() + shard
+        joint = self.joint.method_specs() if self.joint else []
+        return self.pipeline_specs() + shard + joint
 
     def size(self) -> int:
         """How many runs the cross product has (sharding runs: every graph counted)."""
@@ -204,12 +244,13 @@ class ExperimentConfig(_Strict):
             * len(self.seeds)
             * self.repeats
         )
-        if self.shard is None:
-            return pipeline
-        sh = self.shard
-        return pipeline + len(self.graphs) * len(self.clusters) * len(sh.meshes) * len(
-            sh.memory
-        ) * len(sh.methods) * len(self.seeds)
+        per_graph = len(self.graphs) * len(self.clusters) * len(self.seeds)
+        if self.shard is not None:
+            sh = self.shard
+            pipeline += per_graph * len(sh.meshes) * len(sh.memory) * len(sh.methods)
+        if self.joint is not None:
+            pipeline += per_graph * len(self.joint.memory) * len(self.joint.spaces)
+        return pipeline
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "GraphSpec", "MethodSpec"}
@@ -295,6 +336,8 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
             raise MtppError(f"{path}: key 'methods.{i}.options': {e}") from None
     if cfg.shard is not None:
         check_shard(cfg, base, bench, path)
+    if cfg.joint is not None:
+        check_joint(cfg, path)
     return cfg, base
 
 
@@ -330,6 +373,26 @@ def check_shard(cfg: ExperimentConfig, base: Path, bench: Path, path: Path) -> N
                 shard_config(m.config, base)
             except MtppError as e:
                 raise MtppError(f"{path}: key 'shard.methods.{i}.config': {e}") from None
+
+
+def check_joint(cfg: ExperimentConfig, path: Path) -> None:
+    """The ``joint:`` key: an ONNX graph to plan, memory sizes, spaces listed once."""
+    from solver.units import parse_memory
+
+    js = cfg.joint
+    if not any(getattr(gs, k) is not None for gs in cfg.graphs for k in SHARD_SOURCES):
+        raise MtppError(
+            f"{path}: key 'joint': plans ONNX models; give a graph with onnx, zoo or generate"
+        )
+    for i, m in enumerate(js.memory):
+        if m is not None:
+            parse_memory(m, f"{path}: key 'joint.memory.{i}'")
+    try:
+        _duplicates([_memory_bytes(m) for m in js.memory], "joint.memory")
+        _duplicates(list(js.spaces), "joint.spaces")
+        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None
 
 
 def mesh_shape(mesh: str | int, where: str) -> tuple[int, ...]:
@@ -529,6 +592,8 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
                             )
     if cfg.shard is not None:
         runs += _expand_shard(cfg, base, graphs, labels, clusters)
+    if cfg.joint is not None:
+        runs += _expand_joint(cfg, graphs, labels, clusters)
     return runs
 
 
@@ -587,6 +652,60 @@ def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -
                                     "repeat": 0,
                                 }
                             )
+    return runs
+
+
+def _expand_joint(cfg, graphs: list, labels: list, clusters: list) -> list[dict]:
+    """The joint runs: ONNX graphs x clusters x memory limits x spaces x seeds."""
+    js = cfg.joint
+    runs = []
+    for gi, (label, g_ident) in enumerate(graphs):
+        gs = cfg.graphs[gi]
+        if not any(getattr(gs, k) is not None for k in SHARD_SOURCES):
+            continue
+        if labels.count(label) > 1:
+            label = f"{label}#{gi}"
+        for ci, (c_name, c_ident) in enumerate(clusters):
+            for mem in js.memory:
+                mem_bytes = _memory_bytes(mem)
+                for space in js.spaces:
+                    tl = js.time_limit or cfg.time_limit
+                    for seed in cfg.seeds:
+                        ident = {
+                            "kind": "joint",
+                            "graph": g_ident,
+                            "cluster": c_ident,
+                            "memory": mem_bytes,
+                            "space": space,
+                            "time_limit": tl,
+                            "requests": js.requests,
+                            "seed": seed,
+                        }
+                        runs.append(
+                            {
+                                "id": _digest(ident),
+                                "kind": "joint",
+                                "graph": label,
+                                "graph_key": _digest(g_ident),
+                                "source": g_ident["source"],
+                                "graph_index": gi,
+                                "cluster_index": ci,
+                                "cluster": c_name,
+                                "cluster_key": _digest(c_ident),
+                                "cluster_spec": "inline" if "inline" in c_ident else c_name,
+                                "devices": None,
+                                "memory": None if mem is None else str(mem),
+                                "memory_bytes": mem_bytes,
+                                "space": space,
+                                "method": joint_label(space),
+                                "method_name": f"joint-{space}",
+                                "options": {},
+                                "requests": js.requests,
+                                "time_limit": tl,
+                                "seed": seed,
+                                "repeat": 0,
+                            }
+                        )
     return runs
 
 
@@ -653,6 +772,8 @@ def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> d
 
     if desc.get("kind") == "shard":
         return solve_shard_run(desc, gs_data, graph, cluster, workers)
+    if desc.get("kind") == "joint":
+        return solve_joint_run(desc, gs_data, graph, cluster, workers)
     gs = GraphSpec.model_validate(gs_data)
     t0 = time.perf_counter()
     rec = dict(desc)
@@ -721,6 +842,62 @@ def solve_shard_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int
             "mesh": desc["mesh_shape"],
             "strategies": {n: [list(d) for d in s] for n, s in res.strategies.items()},
         }
+    except MtppError as e:
+        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
+    rec["wall_seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def solve_joint_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
+    """One joint run (:func:`solver.joint.plan_joint` in the run's space) and the joint
+    simulator's period of its plan: its record, with the plan's JSON under ``_plan``. A space
+    where no plan fits the memory limit is an ERROR record with the reason."""
+    from solver.cluster import cluster_from_dict, load_cluster
+    from solver.joint import plan_joint
+    from solver.joint.segment import tensor_bytes
+    from solver.joint.simulate import AGREE, simulate_joint
+    from solver.sharding.model import load_model
+
+    gs = GraphSpec.model_validate(gs_data)
+    t0 = time.perf_counter()
+    rec = dict(desc)
+    try:
+        if isinstance(cluster, dict):
+            cl = cluster_from_dict(cluster, "inline cluster")
+        else:  # "file": an ONNX model states no cluster, so the default preset
+            cl = load_cluster(None if cluster == "file" else cluster)
+        sm = load_model(graph, gs.dims)
+        weights = sum(tensor_bytes(sm, t) for t in sm.consts)
+        rec.update(nodes=len(sm.ops), k=cl.devices, cluster_name=cl.name, weight_bytes=weights)
+        plan = plan_joint(
+            sm,
+            cl,
+            memory=desc["memory_bytes"],
+            time_limit=desc["time_limit"],
+            dims=gs.dims,
+            space=desc["space"],
+            workers=workers,
+        )
+        obj = plan.objective
+        rec.update(
+            status=plan.status,
+            objective=obj,
+            lower_bound=plan.lower_bound,
+            gap=plan.gap,
+            bound_space=plan.bound_space,
+            universal_bound=plan.universal_bound,
+            latency=plan.latency,
+            solve_seconds=plan.wall_seconds,
+            stages=[
+                {"devices": list(s.devices), "mesh": "x".join(map(str, s.mesh.shape))}
+                for s in plan.stages
+            ],
+        )
+        rec["_plan"] = plan.to_dict()
+        sim = simulate_joint(plan, sm, requests=desc.get("requests", 20), keep_timeline=0)
+        period = sim.sim.period
+        rec.update(sim_period=period, sim_valid=sim.valid)
+        rec["sim_disagrees"] = bool(abs(period - obj) > AGREE * max(abs(obj), 1e-300))
     except MtppError as e:
         rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
     rec["wall_seconds"] = time.perf_counter() - t0

@@ -99,10 +99,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         con = console()
         summary = (Path(args.output) / "summary.md").read_text().splitlines()
         con.print("\n".join(esc(line) for line in summary), soft_wrap=True)  # markdown rows
-        con.print(
-            f"{len(records)} runs; results in {esc(args.output)} (results.csv, summary.md, "
-            "ratio_by_method.png, time_vs_size.png)"
+        written = ["results.csv", "summary.md"] + sorted(
+            p.name for p in Path(args.output).glob("*.png")
         )
+        con.print(f"{len(records)} runs; results in {esc(args.output)} ({', '.join(written)})")
         for r in errors[:5]:
             what = f"{r['graph']} {r['method']}: {r.get('error')}"
             con.print(f"[red]error[/red] {esc(what)}")
