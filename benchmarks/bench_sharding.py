@@ -97,9 +97,10 @@ def exact_rows(name: str, model, devices: int, mesh, limit: str, time_limit: flo
     print(
         f"{name}: {len(sm.ops)} ops, {devices} devices, mesh {mesh or devices}, --memory {limit}"
         f" (load {load:.1f}): cpsat {ex.status} objective {ex.objective * 1e3:.4f} ms, bound "
-        f"{ex.lower_bound * 1e3:.4f} ms, gap {100 * ex.gap:.2f}%, {wall:.1f} s (Lagrangian "
-        f"{st.get('lagrange_seconds', 0):.1f} s, CP-SAT {st.get('cpsat_status', '-')} "
-        f"{st.get('solve_seconds', 0):.1f} s), memory "
+        f"{ex.lower_bound * 1e3:.4f} ms ({st.get('binding_bound', 'cpsat')}), gap "
+        f"{100 * ex.gap:.2f}%, {wall:.1f} s (bounds {st.get('lagrange_seconds', 0):.1f} s, of "
+        f"which weight budget {st.get('budget_seconds', 0):.1f} s; CP-SAT "
+        f"{st.get('cpsat_status', '-')} {st.get('solve_seconds', 0):.1f} s), memory "
         f"{ex.program.memory_per_device / 1e6:.1f} MB, collectives {ex.program.collectives()}",
         flush=True,
     )

@@ -13,6 +13,11 @@ the exact optimum of a sum of unary and pairwise costs, which variable eliminati
 so the right side is a valid lower bound on the constrained optimum for every lambda. The plans
 variable elimination returns are evaluated by ``evaluate``; those within the limit are
 incumbents (without a limit, lambda = 0 gives the optimum and its proof at once).
+
+Before the Lagrangian search, the weight-budget bound (solver/sharding/budget.py) solves the
+relaxation "W' plus the outputs alive at one step fit the limit" exactly, bytes rounded down to
+a unit, by variable elimination whose tables carry the units used so far: no duality gap, and
+its minimiser, when it fits, is the optimum (docs/sharding.md, "The exact optimiser").
 """
 
 from __future__ import annotations
@@ -24,12 +29,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.plan import OPTIMALITY_TOL
+from solver.sharding.budget import budget_bound, live_bytes, peak_step
 from solver.sharding.exact import ShardModel
 from solver.sharding.program import Planner, evaluate
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
+BUDGET_SHARE = 0.5  # share of the Lagrangian time the weight-budget bound and its plans may take
+BUDGET_TRIES = 2  # weight-budget solves after the first (another step, or a shrunk budget)
 
 
 @dataclass
@@ -182,6 +191,7 @@ def lagrange(
     _wmin, _omin, steps = model.floors()
     p_floor = max(steps, default=0.0)
     best_lb, best = -math.inf, None
+    stats: dict = {}
     evaluated = 0
     plans: list = []
 
@@ -190,7 +200,8 @@ def lagrange(
         nonlocal best_lb, best, evaluated
         value, choice = prob.solve(lam)
         lb = value + (lam * (p_floor - limit) if limit is not None else 0.0)
-        best_lb = max(best_lb, lb)
+        if lb > best_lb:
+            best_lb, stats["binding_bound"] = lb, "lagrangian"
         strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
         program = evaluate(planner, strategies)
         plans.append((strategies, program))
@@ -200,7 +211,45 @@ def lagrange(
             best = (program.objective, strategies)
         return ok
 
-    if not run(0.0) and limit is not None:
+    def budget() -> bool:
+        """The weight-budget bounds and their plans: first with the outputs alive at the step
+        of the largest activation floor, then at the peak step of a plan that does not fit (a
+        new bound) or with the budget shrunk by its excess; True when a plan that fits meets
+        the best bound (proven optimal)."""
+        nonlocal best_lb, best
+        tb = time.perf_counter()
+        deadline = tb + BUDGET_SHARE * (time_limit - (tb - t0))
+        step, cap, tried = int(np.argmax(steps)), None, set()
+        for _ in range(1 + BUDGET_TRIES):
+            out = budget_bound(prob, limit, live_bytes(model, step), deadline, cap)
+            if out is None or not math.isfinite(out[0]):
+                break
+            value, choice, room, unit = out
+            if cap is None:
+                tried.add(step)
+                if value > best_lb:
+                    best_lb, stats["binding_bound"] = value, "weight budget"
+                stats["budget_lower_bound"] = max(value, stats.get("budget_lower_bound", value))
+                stats["budget_unit_bytes"] = unit
+            strategies = {
+                op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)
+            }
+            program = evaluate(planner, strategies)
+            plans.append((strategies, program))
+            over = program.memory_per_device - limit
+            if over <= 0 and (best is None or program.objective < best[0]):
+                best = (program.objective, strategies)
+            if over <= 0 or (best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]):
+                break
+            peak = peak_step(model, choice)
+            if peak not in tried:
+                step, cap = peak, None
+            else:
+                cap = room - over
+        stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
+        return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
+
+    if not run(0.0) and limit is not None and not budget():
         lo, hi = 0.0, None
         lam = 1e-12
         while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
@@ -216,7 +265,8 @@ def lagrange(
                 hi = mid
             else:
                 lo = mid
-    if best is not None and limit is not None and len(plans) > 1:
+    proven = best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
+    if best is not None and limit is not None and len(plans) > 1 and not proven:
         packed = knapsack_segments(planner, plans, limit)
         mixed = mix_segments(planner, plans, limit, t0 + time_limit)
         for found in (packed, mixed):
@@ -228,6 +278,7 @@ def lagrange(
             if again is not None and again[0] < best[0]:
                 best = again
     stats = {
+        **stats,
         "lagrange_seconds": round(time.perf_counter() - t0, 3),
         "lagrange_plans": evaluated,
         "activation_floor": p_floor,

@@ -242,12 +242,13 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
     if fitting and fitting[0][0] - bound <= OPTIMALITY_TOL * fitting[0][0]:
         # the Lagrangian bound already proves the best plan optimal: no search needed
         objective, name, strategies, program = fitting[0]
+        proof = f"{lag_stats.get('binding_bound', 'lagrangian')} bound"
         if bound_exceeds(bound, objective):
             raise InvalidBoundError(
-                f"the Lagrangian bound {bound!r} is above the re-evaluated objective "
+                f"the {proof} {bound!r} is above the re-evaluated objective "
                 f"{objective!r}: a solver bug"
             )
-        stats = {**lag_stats, "proof": "lagrangian bound", "kept_warm_start": name}
+        stats = {**lag_stats, "proof": proof, "kept_warm_start": name}
         stats["warm_starts"] = {h[1]: h[0] if fits(h[3], limit) else None for h in hints}
         stats["raw_lower_bound"] = bound
         return ShardResult(
