@@ -559,3 +559,29 @@ def test_cli_out_must_name_a_folder_that_is_no_input(tmp_path, capsys):
             r"the --out folder would replace an input",
             watch=tmp_path,
         )
+
+
+@pytest.mark.parametrize(
+    "cluster, mesh, axis, fit",
+    [("dgx-a100-x2", "4x4", 0, "2x8"), ("ipu-pod16", "2x8", 1, "4x4")],
+)
+def test_mesh_that_does_not_fit_the_groups_is_refused(cluster, mesh, axis, fit, tmp_path, capsys):
+    """A multi-axis mesh one of whose axes joins devices partly inside a group and partly across
+    groups cannot be priced with one link per axis: one line naming the axis and a fitting mesh.
+    The fitting mesh and the 1-D mesh over all devices are accepted."""
+    from solver.cluster import load_cluster
+    from solver.sharding.mesh import mesh_on
+
+    model = tmp_path / "ffn.onnx"
+    onnx.save(examples.ffn(), model)
+    match = (
+        rf"mesh {mesh} does not fit the groups of cluster '{cluster}': axis {axis} .* e\.g\. {fit}"
+    )
+    assert_refused(
+        capsys, ["shard", str(model), "--cluster", cluster, "--mesh", mesh], match, tmp_path
+    )
+    c = load_cluster(cluster, None)
+    shape = tuple(int(x) for x in fit.split("x"))
+    good = mesh_on(c, range(16), shape)
+    assert good.bandwidth[0] < good.bandwidth[1]  # across the groups, then inside one
+    assert mesh_on(c, range(16), (16,)).bandwidth == (min(good.bandwidth),)

@@ -114,9 +114,30 @@ def mesh_on(cluster, devices, shape: tuple[int, ...]) -> Mesh:
         dst = np.take(grid, k, axis=axis).ravel()
         bw1, lat1 = cluster.link_arrays(src, dst)
         bw2, lat2 = cluster.link_arrays(dst, src)
+        bw, lat = np.concatenate([bw1, bw2]), np.concatenate([lat1, lat2])
+        if len(shape) > 1 and (bw.min() != bw.max() or lat.min() != lat.max()):
+            raise MtppError(mesh_misfit(cluster, shape, axis))
         bws.append(float(min(bw1.min(), bw2.min())))
         lats.append(float(max(lat1.max(), lat2.max())))
     return Mesh(shape, tuple(bws), tuple(lats))
+
+
+def mesh_misfit(cluster, shape: tuple[int, ...], axis: int) -> str:
+    """The one-line refusal of a multi-axis mesh whose ``axis`` joins devices over different
+    links (partly inside a group, partly between groups): its collectives would run at two
+    speeds at once, which the alpha-beta model of one link per axis cannot price. A 1-D mesh
+    over several groups is allowed (priced at its slowest link: the default for all devices)."""
+    sizes = sorted({len(g) for g in cluster.groups})
+    fit = (
+        f"e.g. {len(cluster.groups)}x{sizes[0]} (groups x devices per group)"
+        if len(sizes) == 1 and len(cluster.groups) * sizes[0] == math.prod(shape)
+        else "one axis inside the groups and one across them"
+    )
+    return (
+        f"mesh {'x'.join(map(str, shape))} does not fit the groups of cluster {cluster.name!r}: "
+        f"axis {axis} joins some devices inside a group and some across groups; use a mesh "
+        f"whose every axis stays inside the groups or only crosses them, {fit}"
+    )
 
 
 @dataclass(frozen=True)
