@@ -524,6 +524,24 @@ class TopologyConfig(BaseModel):
             return None
         return sum(g.devices if isinstance(g.devices, int) else len(g.devices) for g in self.groups)
 
+    def check_counts(self, where: str) -> None:
+        """Refuse an empty group list and a group of no devices (or a negative count) before
+        the devices are added up, so the message names the group at fault."""
+        if self.groups is None:
+            return
+        if not self.groups:
+            raise MtppError(
+                f"{where}: topology.groups is empty; list at least one group, or drop topology:"
+            )
+        for i, gc in enumerate(self.groups):
+            n = gc.devices if isinstance(gc.devices, int) else len(gc.devices)
+            if n < 1:
+                name = gc.name if gc.name is not None else f"group{i}"
+                raise MtppError(
+                    f"{where}: topology.groups: group {name!r} must hold >= 1 devices, got "
+                    f"{gc.devices}"
+                )
+
     def to_topology(self, devices: int, default_link: Link, where: str) -> Topology:
         w = f"{where}: topology"
         groups: list[tuple[int, ...]] = []
@@ -595,6 +613,7 @@ class ClusterConfig(BaseModel):
 
         devices, topology = self.devices, None
         if self.topology is not None:
+            self.topology.check_counts(where)
             held = self.topology.devices()
             if held is not None and held > MAX_DEVICES:  # before building any list of ids
                 raise MtppError(f"{where}: the groups hold {held} devices; at most {MAX_DEVICES}")

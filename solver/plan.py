@@ -205,6 +205,11 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
     """
     path = Path(path)
     data = read_json(path, "plan file")
+    if isinstance(data, dict) and data.get("format") == "mtpp-joint-plan":
+        raise MtppError(
+            f"{path}: a joint plan, and this command takes pipeline plans; check a joint plan "
+            "with mtpp evaluate, mtpp simulate or mtpp export --verify"
+        )
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
     if data.get("version") != PLAN_VERSION:

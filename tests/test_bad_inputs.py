@@ -237,6 +237,22 @@ CLUSTER_CASES = [
     ("link_latency: .inf", r"link_latency must be finite"),
     ("name: [x]", r"'name'.*valid string"),
     ("fast_memry: 1GB", r"'fast_memry'.*Extra inputs"),
+    # topologies that do not add up: the message names the group or the devices at fault
+    ("topology: {groups: []}", r"topology.groups is empty; list at least one group"),
+    ("topology: {groups: [{name: a, devices: 0}]}", r"group 'a' must hold >= 1 devices, got 0$"),
+    ("topology: {groups: [{name: a, devices: -2}]}", r"group 'a' must hold >= 1 devices, got -2"),
+    ("topology: {groups: [{name: a, devices: []}]}", r"group 'a' must hold >= 1 devices, got \[\]"),
+    (
+        "topology: {groups: [{devices: [0, 1]}, {devices: [1, 2]}], between: {bandwidth: 1}}",
+        r"device 1 is listed in groups 'group0' and 'group1'",
+    ),
+    ("topology: {groups: [{devices: 2}, {devices: 2}]}", r"no link between them"),
+    (
+        "devices: 5\ntopology: {groups: [{devices: 2}, {devices: 2}], between: {bandwidth: 1}}",
+        r"the groups hold 4 devices but devices is 5 \(device 4 is in no group\)",
+    ),
+    ("topology: {groups: [{devices: 2}], fast_memory: [1GB]}", r"lists 1 values but there are 2"),
+    ("topology: {groups: [{devices: 2}], compute: [0, 1TFLOPS]}", r"compute\[0\] must be > 0"),
 ]
 
 

@@ -585,3 +585,38 @@ def test_mesh_that_does_not_fit_the_groups_is_refused(cluster, mesh, axis, fit, 
     good = mesh_on(c, range(16), shape)
     assert good.bandwidth[0] < good.bandwidth[1]  # across the groups, then inside one
     assert mesh_on(c, range(16), (16,)).bandwidth == (min(good.bandwidth),)
+
+
+def test_mesh_axis_inside_groups_with_different_links_is_priced_at_the_slowest():
+    """Groups whose inside links differ (100 and 50 GB/s): a 2x2 mesh has axis 0 across the
+    groups and axis 1 inside each group; axis 1 is accepted and priced at the slower inside
+    link, not refused as a misfit."""
+    from solver.cluster import cluster_from_dict
+    from solver.sharding.mesh import mesh_on
+
+    c = cluster_from_dict(
+        {
+            "name": "mixed-links",
+            "devices": 4,
+            "topology": {
+                "groups": [
+                    {"name": "a", "devices": 2, "link": {"bandwidth": "100GB/s", "latency": 0}},
+                    {"name": "b", "devices": 2, "link": {"bandwidth": "50GB/s", "latency": 0}},
+                ],
+                "between": {"bandwidth": "10GB/s", "latency": "1us"},
+            },
+        },
+        "test",
+    )
+    m = mesh_on(c, range(4), (2, 2))
+    assert m.bandwidth == (10e9, 50e9)
+    assert m.latency == (1e-6, 0.0)
+
+
+@pytest.mark.parametrize("strategy", [((),), ((), (4,)), ((2, 1), (1, 4)), ((4,),)])
+def test_strategy_text_round_trips(strategy):
+    """fmt_strategy's text reads back as the same strategy (one rank-0 input included)."""
+    from solver.sharding.config import parse_strategy
+    from solver.sharding.program import fmt_strategy
+
+    assert parse_strategy(fmt_strategy(strategy), "test") == strategy

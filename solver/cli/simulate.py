@@ -20,6 +20,7 @@ from solver.cli.common import (
 )
 from solver.errors import MtppError
 from solver.files import check_output_file
+from solver.plan import PLAN_FORMAT
 
 
 def add_parser(sub) -> None:
@@ -170,15 +171,22 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
 
 
 # ---------------------------------------------------------------------- joint plans
-def is_joint_plan(path: str) -> bool:
-    """True when ``path`` is a JSON file whose ``format`` is a joint plan's."""
+def plan_format(path: str) -> str | None:
+    """The ``format`` a JSON file states (None for another file, or a JSON without one)."""
     from solver.files import read_json
-    from solver.joint.plan import JOINT_FORMAT
 
     if Path(path).suffix.lower() != ".json" or not Path(path).is_file():
-        return False
+        return None
     data = read_json(path, "plan")
-    return isinstance(data, dict) and data.get("format") == JOINT_FORMAT
+    fmt = data.get("format") if isinstance(data, dict) else None
+    return fmt if isinstance(fmt, str) else None
+
+
+def is_joint_plan(path: str) -> bool:
+    """True when ``path`` is a JSON file whose ``format`` is a joint plan's."""
+    from solver.joint.plan import JOINT_FORMAT
+
+    return plan_format(path) == JOINT_FORMAT
 
 
 def joint_plan_args(args: argparse.Namespace, command: str) -> tuple[str, str] | None:
@@ -189,6 +197,11 @@ def joint_plan_args(args: argparse.Namespace, command: str) -> tuple[str, str] |
 
     if args.plan is None:
         if not is_joint_plan(args.graph):
+            if plan_format(args.graph) == PLAN_FORMAT:
+                raise MtppError(
+                    f"{args.graph} is a pipeline plan, which does not name its graph file; "
+                    f"give the graph first: mtpp {command} GRAPH {args.graph}"
+                )
             raise MtppError(f"name the PLAN: mtpp {command} GRAPH PLAN (see mtpp {command} --help)")
         data = read_json(args.graph, "plan")
         model = data.get("model") if isinstance(data.get("model"), dict) else {}

@@ -34,9 +34,11 @@ def add_solve_parser(sub) -> None:
         description=textwrap.dedent(
             f"""\
             Compute a plan that minimises the bottleneck block cost max f(S) (maximises
-            throughput). Methods: {methods}.
+            throughput). Methods: {methods};
+            and joint (ONNX models: pipeline stages on sub-meshes, sharding inside; below).
             'cpsat' is exact: it proves a lower bound and reports OPTIMAL only with a proof;
-            the others are heuristics (their bound is the universal averaging bound)."""
+            every other plan carries a certified lower bound too (docs/bounds.md), and is
+            OPTIMAL only when that bound meets it."""
         ),
         epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
         "  mtpp solve model.onnx --devices 4 --method slicegraph --json\n"
@@ -118,8 +120,10 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument(
         "plan",
         metavar="PLAN",
+        nargs="?",
         help="plan JSON written by 'mtpp solve --out', or a manual-sharding YAML "
-        "(a list of {node, device, stage})",
+        "(a list of {node, device, stage}); a joint plan (mtpp solve --method joint) is "
+        "re-priced from its model and may be given alone: it names its model",
     )
     add_graph_options(p)
     add_json(p)
@@ -285,11 +289,15 @@ EVALUATE_BOUND_SECONDS = 10.0  # time for the certified bounds of a plan being e
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from solver.cli.simulate import joint_plan_args
     from solver.cluster import cluster_from_dict
     from solver.cost import validate
     from solver.methods import bound_stats, certified_bound
     from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
 
+    joint = joint_plan_args(args, "evaluate")
+    if joint is not None:
+        return cmd_evaluate_joint(args, *joint)
     g, cluster = load_graph_and_cluster(args)
     a, data, cluster = plan_assignment(args, g, cluster)
     from solver.plan import read_plan_placement
@@ -340,6 +348,45 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         _print_plan(plan, violations, title="evaluation", claim=claim)
     return 1 if violations or bad_claim else 0
+
+
+def cmd_evaluate_joint(args: argparse.Namespace, model: str, plan_path: str) -> int:
+    """``mtpp evaluate [MODEL.onnx] joint.json``: every stage re-priced from the model and the
+    cluster (a number that differs is refused with one line), then checked against the memory
+    limit by the joint simulator. The bound is the file's (stated over its space): it is
+    checked against the objective, not recomputed. Exit 1 when a stage does not fit."""
+    from solver.cli.simulate import load_joint, refuse_pipeline_options
+    from solver.joint.simulate import simulate_joint
+    from solver.plan import INVALID
+
+    refuse_pipeline_options(args, {"--work": "roofline"})
+    args.graph, args.plan = model, plan_path
+    plan, sm = load_joint(args, model, plan_path)
+    violations = list(simulate_joint(plan, sm, requests=2).sim.violations)
+    claimed = plan.status
+    if violations:
+        plan.status = INVALID
+    if args.json:
+        out = plan.to_dict()
+        out.update(
+            valid=not violations,
+            violations=violations,
+            claimed_status=claimed,
+            status_source="claimed" if not violations else "recomputed",
+            repriced=True,
+        )
+        print_json(out)
+        return 1 if violations else 0
+    con = console()
+    con.print("[bold]evaluation[/bold] of a joint plan")
+    print_joint_plan(plan, con)
+    con.print(
+        "every stage re-priced from the model and the cluster: the file's numbers match; the "
+        f"bound and the status ({esc(claimed)}) are the file's, checked against the objective"
+    )
+    for v in violations:
+        con.print(f"[red]invalid:[/red] {esc(v)}")
+    return 1 if violations else 0
 
 
 def parse_set(items: list[str]) -> dict:

@@ -102,6 +102,9 @@ def mesh_on(cluster, devices, shape: tuple[int, ...]) -> Mesh:
     for d in ids.tolist():
         cluster.device_memory(d)  # refuses an id the cluster does not have
     grid = ids.reshape(shape) if shape else ids
+    group_of = np.empty(cluster.devices, dtype=np.int64)
+    for gi, members in enumerate(cluster.groups):
+        group_of[list(members)] = gi
     bws, lats = [], []
     for axis, size in enumerate(shape):
         if size == 1:
@@ -114,8 +117,8 @@ def mesh_on(cluster, devices, shape: tuple[int, ...]) -> Mesh:
         dst = np.take(grid, k, axis=axis).ravel()
         bw1, lat1 = cluster.link_arrays(src, dst)
         bw2, lat2 = cluster.link_arrays(dst, src)
-        bw, lat = np.concatenate([bw1, bw2]), np.concatenate([lat1, lat2])
-        if len(shape) > 1 and (bw.min() != bw.max() or lat.min() != lat.max()):
+        same = group_of[src] == group_of[dst]
+        if len(shape) > 1 and same.any() and not same.all():
             raise MtppError(mesh_misfit(cluster, shape, axis))
         bws.append(float(min(bw1.min(), bw2.min())))
         lats.append(float(max(lat1.max(), lat2.max())))
@@ -123,10 +126,11 @@ def mesh_on(cluster, devices, shape: tuple[int, ...]) -> Mesh:
 
 
 def mesh_misfit(cluster, shape: tuple[int, ...], axis: int) -> str:
-    """The one-line refusal of a multi-axis mesh whose ``axis`` joins devices over different
-    links (partly inside a group, partly between groups): its collectives would run at two
-    speeds at once, which the alpha-beta model of one link per axis cannot price. A 1-D mesh
-    over several groups is allowed (priced at its slowest link: the default for all devices)."""
+    """The one-line refusal of a multi-axis mesh whose ``axis`` joins some devices inside a
+    group and some across groups: its collectives would run at two speeds at once, which the
+    alpha-beta model of one link per axis cannot price. A 1-D mesh over several groups is
+    allowed (priced at its slowest link: the default for all devices), and so is an axis inside
+    groups whose links differ (priced at the slowest)."""
     sizes = sorted({len(g) for g in cluster.groups})
     fit = (
         f"e.g. {len(cluster.groups)}x{sizes[0]} (groups x devices per group)"

@@ -284,5 +284,8 @@ def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, fl
 
 
 def fmt_strategy(s: Strategy) -> str:
-    """The seed's notation: ``((2, 4), (4))``."""
+    """The seed's notation: ``((2, 4), (4))``. One rank-0 input is ``((),)``: ``(())`` would
+    read back as no input at all."""
+    if len(s) == 1 and not s[0]:
+        return "((),)"
     return "(" + ", ".join("(" + ", ".join(map(str, x)) + ")" for x in s) + ")"
