@@ -40,6 +40,20 @@ class InvalidBoundError(AssertionError):
     """A solver claimed a lower bound above its own plan's objective: a bug, not a user error."""
 
 
+def relative_gap(objective: float, bound: float | None) -> float | None:
+    """(objective - bound) / objective, clipped at 0; None without a bound, 0 for a zero
+    objective. Every kind of plan (pipeline, sharding, joint) reports its gap this way.
+
+    >>> relative_gap(4.0, 3.0), relative_gap(4.0, None), relative_gap(0.0, 0.0)
+    (0.25, None, 0.0)
+    """
+    if bound is None:
+        return None
+    if objective <= 0:
+        return 0.0
+    return max(0.0, (objective - bound) / objective)
+
+
 def bound_exceeds(bound: float, objective: float) -> bool:
     """True when ``bound`` is above ``objective`` by more than float rounding can explain."""
     return bound > objective + BOUND_TOL * abs(objective) + BOUND_ABS_TOL
@@ -73,12 +87,7 @@ class Plan:
     @property
     def gap(self) -> float | None:
         """Relative gap (objective - lower bound) / objective, or None without a bound."""
-        if self.lower_bound is None:
-            return None
-        obj = self.objective
-        if obj <= 0:
-            return 0.0
-        return max(0.0, (obj - self.lower_bound) / obj)
+        return relative_gap(self.objective, self.lower_bound)
 
     def to_dict(self) -> dict:
         ev = self.evaluation

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from solver.cluster import Cluster
 from solver.errors import MtppError
+from solver.plan import relative_gap
 from solver.sharding.mesh import Mesh
 from solver.sharding.rules import Strategy
 
@@ -97,11 +98,7 @@ class JointPlan:
     @property
     def gap(self) -> float | None:
         """(objective - lower bound) / objective, None without a bound."""
-        if self.lower_bound is None:
-            return None
-        if self.objective <= 0:
-            return 0.0
-        return max(0.0, (self.objective - self.lower_bound) / self.objective)
+        return relative_gap(self.objective, self.lower_bound)
 
     def to_dict(self) -> dict:
         return {
