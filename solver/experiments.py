@@ -22,7 +22,8 @@ work model, builder parameters, the cluster (an inline cluster by its content), 
 and its options, time limit, seed and repeat.
 
 An optional ``shard:`` key (meshes, memory limits, methods propagate/dp/megatron/cpsat, a
-strategy ``config:`` per method) adds operator-level sharding runs of the config's ONNX graphs
+strategy ``config:`` per method, or a mapping graph name -> strategy file, the method then
+running on the graphs it names only) adds operator-level sharding runs of the config's ONNX graphs
 (:func:`solver.sharding.solve.solve_sharding`), recorded like the pipeline runs; a plan over the
 memory limit is an ERROR record with the memory it needs.
 
@@ -145,11 +146,13 @@ ShardMethodName = Literal["propagate", "dp", "megatron", "cpsat"]
 
 class ShardMethodSpec(_Strict):
     """One operator-sharding method; ``config``: a strategy YAML fixed in the run (propagate
-    starts from it). Its default label is ``shard-<name>``, apart from the pipeline methods."""
+    starts from it), or a mapping graph name -> strategy YAML (node names differ between model
+    families): the method then runs on the graphs it names only. Its default label is
+    ``shard-<name>``, apart from the pipeline methods."""
 
     name: ShardMethodName
     time_limit: Seconds | None = None
-    config: str | None = None
+    config: str | dict[str, str] | None = None
     label: str | None = None
     cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
 
@@ -253,7 +256,10 @@ class ExperimentConfig(_Strict):
         return pipeline
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "GraphSpec", "MethodSpec"}
+_TYPE_TAGS = {
+    *("str", "int", "float", "bool", "dict", "list", "none"),
+    *("GraphSpec", "MethodSpec", "ShardMethodSpec"),
+}
 
 
 def validation_message(e: ValidationError) -> str:
@@ -367,12 +373,42 @@ def check_shard(cfg: ExperimentConfig, base: Path, bench: Path, path: Path) -> N
         _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
     except MtppError as e:
         raise MtppError(f"{path}: {e} (a sharding method takes a 'label:')") from None
+    names = [graph_source(gs, base, bench)[0] for gs in cfg.graphs if _is_onnx(gs)]
     for i, m in enumerate(sh.method_specs()):
-        if m.config is not None:
+        if m.config is None:
+            continue
+        where = f"{path}: key 'shard.methods.{i}.config'"
+        files = m.config if isinstance(m.config, dict) else {None: m.config}
+        if not files:
+            raise MtppError(f"{where}: name a strategy file, or map graph names to them")
+        for graph, val in files.items():
+            if graph is not None and graph not in names:
+                raise MtppError(
+                    f"{where}: no ONNX graph named {graph!r} in 'graphs'; the graphs to shard "
+                    f"are {', '.join(map(repr, names))}"
+                )
             try:
-                shard_config(m.config, base)
+                shard_config(val, base)
             except MtppError as e:
-                raise MtppError(f"{path}: key 'shard.methods.{i}.config': {e}") from None
+                key = where if graph is None else f"{where[:-1]}.{graph}'"
+                raise MtppError(f"{key}: {e}") from None
+
+
+def _is_onnx(gs: GraphSpec) -> bool:
+    return any(getattr(gs, k) is not None for k in SHARD_SOURCES)
+
+
+def method_config(ms: ShardMethodSpec, graph: str, base: Path) -> dict | None:
+    """The run options of sharding method ``ms`` on the graph labelled ``graph``: the
+    strategies of its config file (none without one), None when its config maps graph names
+    to files and does not name this graph (the method does not run on it)."""
+    if ms.config is None:
+        return {}
+    if isinstance(ms.config, dict):
+        if graph not in ms.config:
+            return None
+        return {"config": shard_config(ms.config[graph], base)}
+    return {"config": shard_config(ms.config, base)}
 
 
 def check_joint(cfg: ExperimentConfig, path: Path) -> None:
@@ -603,8 +639,9 @@ def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -
     runs = []
     for gi, (label, g_ident) in enumerate(graphs):
         gs = cfg.graphs[gi]
-        if not any(getattr(gs, k) is not None for k in SHARD_SOURCES):
+        if not _is_onnx(gs):
             continue
+        name = label  # the name a config mapping uses
         if labels.count(label) > 1:
             label = f"{label}#{gi}"
         for ci, (c_name, c_ident) in enumerate(clusters):
@@ -614,7 +651,9 @@ def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -
                     mem_bytes = _memory_bytes(mem)
                     for ms in sh.method_specs():
                         tl = ms.time_limit or cfg.time_limit
-                        options = {"config": shard_config(ms.config, base)} if ms.config else {}
+                        options = method_config(ms, name, base)
+                        if options is None:
+                            continue
                         for seed in cfg.seeds:
                             ident = {
                                 "kind": "shard",

@@ -156,3 +156,66 @@ def test_shard_runs_on_ray_as_locally(tmp_path):
     assert {r["status"] for r in ray} == {"OPTIMAL", "FEASIBLE", "ERROR"}
     summary = (tmp_path / "ray" / "summary.md").read_text()
     assert all(f"| {m} | " in summary for m in (*HEURISTICS, "shard-cpsat"))
+
+
+def test_shard_config_per_graph(tmp_path):
+    """A method's config may map graph names to strategy files (node names differ between
+    model families): each graph runs with its own strategies, a graph the mapping does not
+    name is not run by that method (no ERROR record), and the run id follows the file."""
+    from solver.experiments import expand
+
+    data = shard_config(tmp_path)
+    onnx.save(examples.mlp(seed=3, batch=4, sizes=(8, 16, 4)), tmp_path / "mlp.onnx")
+    (tmp_path / "mlp-pins.yaml").write_text(yaml.safe_dump({"relu0": [[1, 2]]}))
+    (tmp_path / "pins2.yaml").write_text(yaml.safe_dump({"dense1.matmul": [[1, 2], [2, 1]]}))
+    data["graphs"] = [{"onnx": "ffn.onnx"}, {"onnx": "mlp.onnx", "name": "small-mlp"}]
+    data["shard"]["meshes"] = ["2"]
+    data["shard"]["methods"] = [
+        "dp",
+        {"name": "propagate", "label": "keyops", "config": {"ffn": "pins2.yaml"}},
+        {
+            "name": "propagate",
+            "label": "keyops-both",
+            "config": {"ffn": "pins.yaml", "small-mlp": "mlp-pins.yaml"},
+        },
+    ]
+    cfg, base = load_config(write(tmp_path, data))
+    runs = {(r["graph"], r["method"]): r for r in expand(cfg, base)}
+    assert set(runs) == {
+        ("ffn", "shard-dp"),
+        ("ffn", "keyops"),
+        ("ffn", "keyops-both"),
+        ("small-mlp", "shard-dp"),
+        ("small-mlp", "keyops-both"),
+    }
+    pins = {g: runs[(g, m)]["options"]["config"] for g, m in runs if m != "shard-dp"}
+    assert runs[("ffn", "keyops")]["options"] == {"config": {"dense1.matmul": [[1, 2], [2, 1]]}}
+    assert pins == {"ffn": {"dense1.matmul": [[2, 1], [1, 1]]}, "small-mlp": {"relu0": [[1, 2]]}}
+    recs = run_experiment(write(tmp_path, data), tmp_path / "out", jobs=1, progress=False)
+    by = {(r["graph"], r["method"]): r for r in recs}
+    assert set(by) == set(runs)
+    for key, r in by.items():
+        assert r["status"] == "FEASIBLE", (key, r.get("error"))
+    for (g, m), r in by.items():  # each graph's pins are in its plan
+        plan = yaml.safe_load((tmp_path / "out" / "plans" / f"{r['id']}.json").read_text())
+        if m != "shard-dp":
+            for node, strategy in runs[(g, m)]["options"]["config"].items():
+                assert plan["strategies"][node] == strategy, (g, m)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"gpt2": "pins.yaml"}, r"shard\.methods\.0\.config': no ONNX graph named 'gpt2' in "
+                                r"'graphs'; the graphs to shard are 'ffn'$"),
+        ({"ffn": "nope.yaml"}, r"shard\.methods\.0\.config\.ffn': nope\.yaml: no such file"),
+        ({}, r"shard\.methods\.0\.config': name a strategy file, or map graph names"),
+        ({"ffn": 3}, r"key 'shard\.methods\.0\.config\.ffn': Input should be a valid string"),
+    ],
+)  # fmt: skip
+def test_shard_config_per_graph_refused(tmp_path, capsys, config, match):
+    data = shard_config(tmp_path)
+    data["shard"]["methods"] = [{"name": "propagate", "config": config}]
+    cfg = write(tmp_path, data)
+    argv = ["experiment", str(cfg), "--output", str(tmp_path / "out"), "-q"]
+    assert_refused(capsys, argv, match, watch=tmp_path)

@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import re
+import time
 
 import numpy as np
 import onnx
@@ -515,3 +516,99 @@ def test_budget_bound_proves_the_optimum_of_a_transformer_under_a_tight_limit():
     assert dp.memory_per_device > limit and res.objective > dp.objective  # the limit binds
     assert res.stats["budget_lower_bound"] == pytest.approx(res.objective, rel=1e-9)
     assert res.lower_bound <= res.objective
+
+
+# ---------------------------------------------------------------------- time limit, mixed devices
+@pytest.mark.parametrize("time_limit", [0.5, 1.5])
+def test_cpsat_returns_within_a_time_limit_its_model_cannot_be_built_in(time_limit):
+    """A 2-layer transformer on a 4x4 mesh: the Lagrangian data and the CP-SAT model (pricing
+    every pair of layout classes) take over 2 s to build, the limit is less. The solver stops
+    building, keeps the best warm start (a complete plan, re-evaluated) with the least-compute
+    bound, FEASIBLE (at 1.5 s it stops inside the CP-SAT model, at 0.5 s before it)."""
+    from solver.sharding.exact import NOT_BUILT
+    from solver.sharding.solve import compute_bound
+
+    model = examples.transformer(layers=2, batch=16, seq=32, hidden=64, heads=4, vocab=64)
+    # a link bandwidth no other test uses: the redistribution caches start cold
+    cl = Cluster(
+        name="t16",
+        devices=16,
+        compute=1e12,
+        link_bandwidth=1.2345e9 + time_limit,
+        memory_bandwidth=1e15,
+    )
+    sm = from_proto(model, {})
+    t = time.perf_counter()
+    res = solve_sharding(sm, cluster=cl, mesh=(4, 4), method="cpsat", time_limit=time_limit)
+    wall = time.perf_counter() - t
+    assert wall < time_limit + 1.0, (
+        res.stats
+    )  # the stated slack: one heuristic plan, one evaluation
+    assert res.status == FEASIBLE
+    assert res.stats["cpsat_status"] == NOT_BUILT and "time limit" in res.stats["stopped"]
+    assert set(res.strategies) == {op.name for op in sm.ops}
+    assert evaluate(res.planner, res.strategies).objective == res.objective
+    least = compute_bound(res.planner, {})
+    assert res.lower_bound == max(least, res.stats.get("lagrange_lower_bound", least))
+    assert 0 < res.lower_bound <= res.objective
+    for name, value in res.stats["warm_starts"].items():  # every warm start kept is no better
+        assert value is None or value >= res.objective, name
+
+
+def test_model_building_and_lagrange_stop_at_their_deadline():
+    """A deadline already passed: the model raises DeadlineReached, solve_exact reports
+    NOT_BUILT with no bound, lagrange gives up (None), min_memory claims nothing."""
+    from solver.sharding.exact import (
+        NOT_BUILT,
+        DeadlineReached,
+        ExactOptions,
+        ShardModel,
+        min_memory,
+        solve_exact,
+    )
+
+    pl = _planner(examples.mlp(**MLP), CL4)
+    with pytest.raises(DeadlineReached):
+        ShardModel(pl, None, {}, deadline=0.0)
+    res = solve_exact(pl, None, {}, [], ExactOptions(time_limit=0.0))
+    assert res.cpsat_status == NOT_BUILT and res.strategies is None
+    assert res.lower_bound == -math.inf
+    assert lagrange(pl, None, {}, 0.0) is None
+    assert min_memory(pl, {}, 0.0) == (0.0, None)
+    # with time, the same model builds and CP-SAT proves the optimum
+    full = solve_exact(pl, None, {}, [], ExactOptions(time_limit=10))
+    assert full.cpsat_status == "OPTIMAL" and full.lower_bound > 0
+
+
+def test_mixed_devices_are_priced_at_the_slowest_and_fit_the_smallest():
+    """One SPMD program on devices that differ runs in lockstep: every method prices it with
+    the slowest device's compute and limits it to the smallest capacity."""
+    from solver.cluster import Topology
+
+    def flat(compute, capacity=None):
+        return Cluster(
+            name="flat", devices=4, compute=compute, link_bandwidth=1e9, memory_bandwidth=1e15,
+            capacity=capacity,
+        )  # fmt: skip
+
+    topo = Topology(
+        groups=((0, 1, 2, 3),),
+        names=("host",),
+        links=((1e9, 0.0),),
+        compute=(1e12, 2e12, 2.5e11, 1e12),
+        capacity=(8e6, 4e6, 8e6, None),
+    )
+    mixed = Cluster(
+        name="mixed", devices=4, compute=1e12, link_bandwidth=1e9, memory_bandwidth=1e15,
+        topology=topo,
+    )  # fmt: skip
+    sm = from_proto(examples.mlp(**MLP), {})
+    for method in ("dp", "megatron", "cpsat"):
+        got = solve_sharding(sm, cluster=mixed, method=method, time_limit=10)
+        slow = solve_sharding(sm, cluster=flat(2.5e11, 4e6), method=method, time_limit=10)
+        fast = solve_sharding(sm, cluster=flat(1e12, 4e6), method=method, time_limit=10)
+        assert got.memory_limit == 4e6, method
+        assert got.objective == pytest.approx(slow.objective, rel=1e-12), method
+        assert got.objective > fast.objective, method
+        assert got.program.compute == pytest.approx(slow.program.compute, rel=1e-12)
+        assert got.planner.cluster.name == "mixed"

@@ -15,11 +15,12 @@ capacity of its devices (:func:`sub_cluster`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cluster import Cluster, Topology
+from solver.cluster import Cluster
+from solver.sharding.lockstep import sub_cluster  # noqa: F401  (moved there; re-exported)
 from solver.sharding.mesh import Mesh, mesh_on
 
 SPACES = ("joint", "pipeline", "sharding")
@@ -85,41 +86,6 @@ def candidates(cluster: Cluster, space: str = "joint") -> list[SubMesh]:
     if space == "sharding" and not out:
         out.append(SubMesh(tuple(order), mesh_on(cluster, order, (len(order),)), 0))
     return sorted(set(out), key=lambda m: (m.start, m.size, m.mesh.shape))
-
-
-def sub_cluster(cluster: Cluster, devices, memory: float | None = None) -> Cluster:
-    """The cluster of ``devices`` alone, renumbered 0..n-1 in that order: their groups and
-    links kept, the slowest device's compute, the smallest fast memory and capacity (or
-    ``memory`` for every device when given), so that one SPMD program is priced by its
-    slowest device and fits in its smallest."""
-    devices = list(devices)
-    memory_arr, capacity, compute = cluster.device_arrays()
-    idx = np.asarray(devices, dtype=np.int64)
-    cap = float(capacity[idx].min()) if memory is None else float(memory)
-    topology = None
-    t = cluster.topology
-    if t is not None:
-        pos = {d: i for i, d in enumerate(devices)}
-        kept = [
-            (name, tuple(pos[d] for d in members if d in pos), link)
-            for name, members, link in zip(t.names, t.groups, t.links, strict=True)
-        ]
-        kept = [k for k in kept if k[1]]
-        topology = Topology(
-            groups=tuple(m for _, m, _ in kept),
-            names=tuple(n for n, _, _ in kept),
-            links=tuple(lk for _, _, lk in kept),
-            between=t.between if len(kept) > 1 else None,
-        )
-    return replace(
-        cluster,
-        name=f"{cluster.name}[{','.join(map(str, devices))}]",
-        devices=len(devices),
-        fast_memory=float(memory_arr[idx].min()),
-        capacity=None if math.isinf(cap) else cap,
-        compute=float(compute[idx].min()),
-        topology=topology,
-    )
 
 
 def stage_limit(cluster: Cluster, devices, memory: float | None) -> float | None:

@@ -21,6 +21,10 @@ rounded DOWN, every byte count is divided by a power of two and rounded DOWN (th
 so the integer model is a relaxation. CP-SAT's bound divided by S (plus the exact cost of the
 operators with one choice) is a valid lower bound; its plans are re-evaluated by ``evaluate``.
 Every coefficient stays below 2^30 and the presolve step of google/or-tools#5293 is off.
+
+Building the model prices every pair of layout classes on every edge, which can take longer than
+the whole time limit on a large mesh: with a ``deadline`` it stops between two redistribution
+redistributions (a few milliseconds) and raises :class:`DeadlineReached`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from solver.sharding.program import Planner
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import OpSharding, Strategy
 
+NOT_BUILT = "NOT_BUILT"  # ExactResult.cpsat_status when the deadline passed while building
 TARGET_RANGE = 1e15  # the largest plan cost, scaled, stays below this (doubles are exact to 9e15)
 
 
@@ -65,12 +70,22 @@ class ExactResult:
     stats: dict
 
 
+class DeadlineReached(Exception):
+    """The deadline passed while building a model: no model, no bound from it."""
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise DeadlineReached
+
+
 def _key(sh: OpSharding) -> tuple:
     return tuple(canonical(x) for x in sh.in_layouts) + tuple(canonical(x) for x in sh.out_layouts)
 
 
 class ShardModel:
-    """The CP-SAT model of one sharding problem; ``objective`` is "time" or "memory"."""
+    """The CP-SAT model of one sharding problem; ``objective`` is "time" or "memory".
+    Raises :class:`DeadlineReached` once ``time.perf_counter()`` passes ``deadline``."""
 
     def __init__(
         self,
@@ -81,8 +96,10 @@ class ShardModel:
         encoding: str = "cuts",
         upper: float | None = None,
         build: bool = True,
+        deadline: float | None = None,
     ) -> None:
         self.pl, self.sm = planner, planner.sm
+        self.deadline = deadline
         self.pruned = 0
         self.aux: list = []  # (variable, its value as a function of the choice per operator)
         self.upper = upper if upper is not None and upper > 0 else math.inf
@@ -138,6 +155,7 @@ class ShardModel:
         pl = self.pl
         self.cands: list[list[OpSharding]] = []
         for i, op in enumerate(self.sm.ops):
+            _check(self.deadline)
             if op.name in pins:
                 self.cands.append([pl.sharding(i, pins[op.name])])
                 continue
@@ -175,6 +193,7 @@ class ShardModel:
         total_w, peak_min = sum(wmin.values()), max(steps, default=0.0)
         dropped = 0
         for v, op in enumerate(sm.ops):
+            _check(self.deadline)
             own = [
                 t for t in set(op.data_inputs) if t in self.weights and len(self.weights[t]) == 1
             ]
@@ -231,6 +250,7 @@ class ShardModel:
                     for a in a_cls:
                         trow, mrow = [], []
                         for b in b_cls:
+                            _check(self.deadline)
                             r = pl.redistribution(a, b, t)
                             trow.append(r.time)
                             mrow.append(local_bytes(b, sm.itemsize(t)) if r.steps else 0.0)
@@ -310,6 +330,7 @@ class ShardModel:
         timed = self.objective == "time"
         memo: dict = {}
         for u, v, a_of, b_of, tm, mm in self.edges:
+            _check(self.deadline)
             na, nb = len(tm), len(tm[0])
             if na == 1:  # a unary cost of v (a constant when v has one choice)
                 for s, b in enumerate(b_of):
@@ -391,6 +412,7 @@ class ShardModel:
         w_terms: list[tuple[int, object]] = []
         w_const = 0
         for t, us in self.weights.items():
+            _check(self.deadline)
             item = sm.itemsize(t)
             classes: dict = {}
             for v, k in us:
@@ -428,6 +450,7 @@ class ShardModel:
         self.w_terms, self.w_const = w_terms, w_const
         steps = []
         for v in range(len(sm.ops)):
+            _check(self.deadline)
             terms = list(self.step_terms[v])
             const = self.b_int(self.step_const[v])
             for s, b in enumerate(self.step_unary[v]):
@@ -572,10 +595,22 @@ def solve_exact(
     """Minimise the program's time over all strategy combinations (pins fixed) under the
     per-device memory ``limit``; ``hints`` are complete plans (the best first) for the warm
     start, ``upper`` the time of a plan known to fit. The bound is valid whatever CP-SAT's
-    status."""
+    status. Building stops at the time limit: then no plan, no bound (-inf) and the status
+    "NOT_BUILT"."""
     opts = options or ExactOptions()
     t0 = time.perf_counter()
-    model = ShardModel(planner, limit, pins, "time", opts.encoding, upper)
+    try:
+        model = ShardModel(
+            planner, limit, pins, "time", opts.encoding, upper, deadline=t0 + opts.time_limit
+        )
+    except DeadlineReached:
+        stats = {
+            "cpsat_status": NOT_BUILT,
+            "note": f"the time limit passed while building the CP-SAT model "
+            f"({time.perf_counter() - t0:.3g} s)",
+            "build_seconds": round(time.perf_counter() - t0, 3),
+        }
+        return ExactResult(None, -math.inf, NOT_BUILT, stats)
     if model.infeasible:
         stats = {"cpsat_status": "not run", "note": "an operator has no choice within the limit"}
         return ExactResult(None, math.inf, "INFEASIBLE", stats)
@@ -614,9 +649,15 @@ def solve_exact(
 def min_memory(
     planner: Planner, pins: dict[str, Strategy], time_limit: float, workers: int = 0
 ) -> tuple[float, float | None]:
-    """(a lower bound on the memory per device every plan needs, the least found or None)."""
-    model = ShardModel(planner, None, pins, "memory", "pairs")
-    solver = _solver(ExactOptions(workers=workers), time_limit)
+    """(a lower bound on the memory per device every plan needs, the least found or None);
+    (0, None) when building the model takes the whole ``time_limit``."""
+    t0 = time.perf_counter()
+    try:
+        model = ShardModel(planner, None, pins, "memory", "pairs", deadline=t0 + time_limit)
+    except DeadlineReached:
+        return 0.0, None
+    left = time_limit - (time.perf_counter() - t0)
+    solver = _solver(ExactOptions(workers=workers), left)
     status = solver.Solve(model.m)
     bound = solver.BestObjectiveBound() * model.unit
     best = None

@@ -31,7 +31,7 @@ import numpy as np
 
 from solver.plan import OPTIMALITY_TOL
 from solver.sharding.budget import budget_bound, live_bytes, peak_step
-from solver.sharding.exact import ShardModel
+from solver.sharding.exact import DeadlineReached, ShardModel
 from solver.sharding.program import Planner, evaluate
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import Strategy
@@ -86,8 +86,9 @@ class _Problem:
                 self.wbytes[v] = self.wbytes[v] + b
         self.order = _elimination_order(self.free, self.sizes, self.pairs)
 
-    def solve(self, lam: float) -> tuple[float, list[int]]:
-        """The exact minimum of time + lam * W' over all choices, and a minimiser."""
+    def solve(self, lam: float, deadline: float | None = None) -> tuple[float, list[int]]:
+        """The exact minimum of time + lam * W' over all choices, and a minimiser; raises
+        DeadlineReached once ``time.perf_counter()`` passes ``deadline``."""
         factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
         by_var: dict[int, set[int]] = {i: set() for i in self.free}
         fid = 0
@@ -103,6 +104,8 @@ class _Problem:
         trace = []
         total = 0.0
         for x in self.order:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise DeadlineReached
             fs = [factors.pop(f) for f in sorted(by_var[x])]
             scope = sorted({y for sc, _ in fs for y in sc})
             shape = [self.sizes[y] for y in scope]
@@ -178,9 +181,14 @@ def lagrange(
     iterations: int = 40,
 ) -> LagrangeResult | None:
     """The best Lagrangian bound and plan within ``time_limit``; None when the graph is too
-    wide for variable elimination or an operator has no choice within the limit."""
+    wide for variable elimination, an operator has no choice within the limit, or the time
+    limit passes before the first bound (stats "lagrange_stopped" says it passed later)."""
     t0 = time.perf_counter()
-    model = ShardModel(planner, limit, pins, "time", build=False)
+    deadline = t0 + time_limit
+    try:
+        model = ShardModel(planner, limit, pins, "time", build=False, deadline=deadline)
+    except DeadlineReached:
+        return None
     if model.infeasible:
         return None
     try:
@@ -198,7 +206,7 @@ def lagrange(
     def run(lam: float) -> bool:
         """Bound at ``lam``; True when its plan fits the limit."""
         nonlocal best_lb, best, evaluated
-        value, choice = prob.solve(lam)
+        value, choice = prob.solve(lam, deadline)
         lb = value + (lam * (p_floor - limit) if limit is not None else 0.0)
         if lb > best_lb:
             best_lb, stats["binding_bound"] = lb, "lagrangian"
@@ -249,22 +257,12 @@ def lagrange(
         stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
         return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
 
-    if not run(0.0) and limit is not None and not budget():
-        lo, hi = 0.0, None
-        lam = 1e-12
-        while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
-            if run(lam):
-                hi = lam
-            else:
-                lo, lam = lam, lam * 10
-        for _ in range(iterations):
-            if hi is None or time.perf_counter() - t0 > time_limit or hi - lo <= 1e-9 * hi:
-                break
-            mid = math.sqrt(lo * hi) if lo > 0 else hi / 10
-            if run(mid):
-                hi = mid
-            else:
-                lo = mid
+    try:
+        _search(run, budget, limit, t0, time_limit, iterations)
+    except DeadlineReached:
+        if not math.isfinite(best_lb):
+            return None
+        stats["lagrange_stopped"] = "the time limit passed during variable elimination"
     proven = best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
     if best is not None and limit is not None and len(plans) > 1 and not proven:
         packed = knapsack_segments(planner, plans, limit)
@@ -286,6 +284,27 @@ def lagrange(
     if best is None:
         return LagrangeResult(best_lb, None, math.inf, stats)
     return LagrangeResult(best_lb, best[1], best[0], stats)
+
+
+def _search(run, budget, limit, t0: float, time_limit: float, iterations: int) -> None:
+    """lambda = 0, then the weight-budget bound, then bisection on lambda (on a log scale)
+    between a lambda whose plan does not fit and one whose plan fits."""
+    if not run(0.0) and limit is not None and not budget():
+        lo, hi = 0.0, None
+        lam = 1e-12
+        while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
+            if run(lam):
+                hi = lam
+            else:
+                lo, lam = lam, lam * 10
+        for _ in range(iterations):
+            if hi is None or time.perf_counter() - t0 > time_limit or hi - lo <= 1e-9 * hi:
+                break
+            mid = math.sqrt(lo * hi) if lo > 0 else hi / 10
+            if run(mid):
+                hi = mid
+            else:
+                lo = mid
 
 
 def segments(planner: Planner) -> list[range]:

@@ -152,9 +152,13 @@ def solve_sharding(
     ``mesh``: "2x4" or a tuple (default one axis of ``devices``); ``memory``: bytes or a size
     such as "16GiB" (default: the cluster's capacity); ``config``: a strategy YAML path or a
     dict of node name -> strategy, fixed in every method; ``cluster``: a preset, a YAML path or
-    a :class:`Cluster`; ``progress``: a :class:`solver.progress.SolveProgress` or None.
+    a :class:`Cluster` (devices that differ: priced at the slowest compute, within the least
+    capacity); ``progress``: a :class:`solver.progress.SolveProgress` or None. ``cpsat``
+    returns within about ``time_limit`` (plus the first heuristic plan and one evaluation):
+    past it, the best warm start with its bound, FEASIBLE, and ``stats["stopped"]``.
     """
     from solver.cluster import Cluster, load_cluster
+    from solver.sharding.lockstep import lockstep
     from solver.sharding.mesh import make_mesh, parse_mesh
     from solver.sharding.model import ShardModel, load_model
     from solver.units import parse_memory
@@ -165,6 +169,7 @@ def solve_sharding(
     t0 = time.perf_counter()
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster, devices)
+    cluster = lockstep(cluster)  # one SPMD program: the slowest compute, the least capacity
     shape = parse_mesh(mesh, cluster.devices) if not isinstance(mesh, tuple) else mesh
     if math.prod(shape) != cluster.devices:
         raise MtppError(f"mesh {shape} does not multiply to the {cluster.devices} devices")
@@ -212,21 +217,40 @@ def _fmt(limit: float | None) -> str:
 def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress, log, encoding):
     """Warm starts from the heuristics, then CP-SAT; the best plan that fits, its status."""
     from solver.plan import FEASIBLE, OPTIMAL, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
-    from solver.sharding.exact import ExactOptions, min_memory, solve_exact
+    from solver.sharding.exact import (
+        NOT_BUILT,
+        ExactOptions,
+        ExactResult,
+        min_memory,
+        solve_exact,
+    )
     from solver.sharding.lagrange import lagrange
 
     def note(text: str) -> None:
         if progress is not None:
             progress.note(text)
 
+    deadline = t0 + time_limit
+
+    def left() -> float:
+        return deadline - time.perf_counter()
+
     hints = []
-    for name in ("propagate", "dp", "megatron"):
+    skipped = []
+    order = ("propagate", "dp", "megatron")  # ties go to the first
+    for name in ("dp", "propagate", "megatron"):  # the cheapest first
+        if hints and left() <= 0:  # one heuristic plan at least, whatever the time
+            skipped.append(name)
+            continue
         note(f"warm start: {name}")
         s = heuristic(planner, name, pins)
         p = evaluate(planner, s)
         hints.append((p.objective, name, s, p))
-    note("Lagrangian bound (variable elimination)")
-    lag = lagrange(planner, limit, pins, LAGRANGE_SHARE * time_limit)
+    hints.sort(key=lambda h: (h[0], order.index(h[1])))
+    lag = None
+    if left() > 0:
+        note("Lagrangian bound (variable elimination)")
+        lag = lagrange(planner, limit, pins, LAGRANGE_SHARE * left())
     lag_stats = {}
     if lag is not None:
         bound = max(bound, lag.lower_bound)
@@ -235,7 +259,9 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
             hints.append(
                 (lag.objective, "lagrange", lag.strategies, evaluate(planner, lag.strategies))
             )
-    hints.sort(key=lambda h: h[0])
+    hints.sort(key=lambda h: (h[0], h[1] not in order))
+    if skipped:
+        lag_stats["skipped_warm_starts"] = skipped
     fitting = [h for h in hints if fits(h[3], limit)]
     if progress is not None and fitting:
         progress.update(fitting[0][0], bound, time.perf_counter() - t0)
@@ -265,7 +291,7 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         )
     note("building the CP-SAT model")
     opts = ExactOptions(
-        time_limit=max(0.1, time_limit - (time.perf_counter() - t0)),
+        time_limit=max(0.0, left()),
         workers=workers,
         seed=seed,
         log=log,
@@ -273,11 +299,20 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         on_progress=progress.update if progress is not None else None,
     )
     upper = fitting[0][0] if fitting else None
-    res = solve_exact(planner, limit, pins, [h[2] for h in fitting], opts, upper)
+    if opts.time_limit > 0:
+        res = solve_exact(planner, limit, pins, [h[2] for h in fitting], opts, upper)
+    else:
+        why = "the time limit passed before the CP-SAT model was built"
+        res = ExactResult(None, -math.inf, NOT_BUILT, {"cpsat_status": NOT_BUILT, "note": why})
     stats = {**res.stats, **lag_stats}
+    if res.cpsat_status == NOT_BUILT:
+        stats["stopped"] = (
+            f"time limit ({time_limit:g} s) reached before CP-SAT ran: the best warm start is "
+            f"kept, with the {lag_stats.get('binding_bound', 'least compute')} bound"
+        )
     stats["warm_starts"] = {h[1]: h[0] if fits(h[3], limit) else None for h in hints}
     if res.cpsat_status == "INFEASIBLE":
-        share = max(1.0, MEMORY_BOUND_SHARE * time_limit)
+        share = max(1.0, min(MEMORY_BOUND_SHARE * time_limit, left()))
         need, least_found = min_memory(planner, pins, share, workers)
         if least_found is not None and least_found <= need:
             least = f"; the least memory any plan needs is {_fmt(need)}"
@@ -307,13 +342,13 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         if best is None:
             break
         gap = (best[0] - lb) / best[0] if best[0] > 0 else 0.0
-        left = time_limit - (time.perf_counter() - t0)
+        rest = left()
         rounding = res.cpsat_status == "OPTIMAL" and gap > OPTIMALITY_TOL
-        if attempt or not rounding or left < 1.0 or (upper is not None and best[0] >= upper):
+        if attempt or not rounding or rest < 1.0 or (upper is not None and best[0] >= upper):
             break
         # proven in the integer model but the rounding of a coarse scale leaves a gap: solve
         # again with the plan found as the upper bound, which caps the coefficients (finer S)
-        opts.time_limit = left
+        opts.time_limit = rest
         upper = best[0]
         res = solve_exact(planner, limit, pins, [best[2]], opts, upper)
         stats["resolved_with_upper_bound"] = upper
