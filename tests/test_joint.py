@@ -671,3 +671,126 @@ def test_plan_from_python_names_its_model_for_simulate(tmp_path, capsys):
     assert bare.model_path is None
     save_joint_plan(bare, tmp_path / "bare.json")
     assert_refused(capsys, ["simulate", str(tmp_path / "bare.json")], "names no model", tmp_path)
+
+
+# ---------------------------------------------------------------------- time limit and seeds
+def _two_by_four_transformer():
+    """A random-weight 2-layer transformer on two hosts of four devices (slow link between)."""
+    from solver.modelgen import transformer
+
+    topo = Topology(
+        ((0, 1, 2, 3), (4, 5, 6, 7)), ("a", "b"), ((300e9, 0.0), (300e9, 0.0)), (25e9, 5e-6)
+    )
+    c = Cluster(
+        "2x4", 8, compute=312e12, memory_bandwidth=2e12, link_bandwidth=300e9, topology=topo
+    )
+    m, _ = transformer(layers=2, hidden=64, heads=2, seq=16, vocab=100, batch=2, seed=7)
+    return from_proto(m, {}), c
+
+
+def test_joint_stopped_after_its_first_plans_is_no_worse_than_either_sub_space(monkeypatch):
+    """The clock runs out right after the first incumbents: joint still holds the better of
+    the pure pipeline and pure sharding plans, exactly what those searches hold then."""
+    from solver.joint import planner
+    from solver.plan import FEASIBLE
+
+    now = [0.0]
+    monkeypatch.setattr(planner, "_clock", lambda: now[0])
+    seeds = planner._Search.seeds
+
+    def seeds_then_stop(self):
+        out = seeds(self)
+        now[0] += 1e6  # the deadline passes right after the first incumbents
+        return out
+
+    monkeypatch.setattr(planner._Search, "seeds", seeds_then_stop)
+    sm, c = _two_by_four_transformer()
+    plans = {s: plan_joint(sm, c, time_limit=30, space=s) for s in ("pipeline", "sharding")}
+    joint = plan_joint(sm, c, time_limit=30, space="joint")
+    assert joint.stats["rounds"] == 0 and joint.stats["exact_solves"] == 0
+    assert joint.objective == min(p.objective for p in plans.values())
+    assert plans["pipeline"].objective != plans["sharding"].objective  # a real choice
+    best_sub = min(plans, key=lambda s: plans[s].objective)
+    if best_sub == "pipeline":
+        assert all(len(s.devices) == 1 for s in joint.stages)
+    else:
+        assert len(joint.stages) == 1 and len(joint.stages[0].devices) == 8
+    # the bound of a stopped search is still valid: the universal one
+    assert joint.status == FEASIBLE
+    assert joint.lower_bound == joint.universal_bound <= joint.objective
+
+
+def test_joint_with_a_tiny_budget_is_no_worse_than_either_sub_space():
+    sm, c = _two_by_four_transformer()
+    plans = {
+        s: plan_joint(sm, c, time_limit=0.3, space=s, workers=1)
+        for s in ("pipeline", "sharding", "joint")
+    }
+    assert plans["joint"].objective <= plans["pipeline"].objective
+    assert plans["joint"].objective <= plans["sharding"].objective
+    for p in plans.values():
+        assert p.lower_bound <= p.objective and p.stats["exact_solves"] == 0
+
+
+def test_search_stops_at_its_deadline_and_gives_exact_solves_only_the_time_left(monkeypatch):
+    """A clock that advances with every look: pricing stops at the deadline, each exact solve
+    gets at most the time left, and the search returns once the deadline has passed."""
+    from solver.joint import planner
+    from solver.sharding import solve as solve_mod
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.002  # every look at the clock costs 2 ms of fake time
+        return now[0]
+
+    monkeypatch.setattr(planner, "_clock", clock)
+    real = solve_mod.solve_sharding
+    asked = []
+
+    def recording(*args, time_limit, **kw):
+        asked.append((time_limit, deadline[0] - now[0]))
+        now[0] += time_limit  # the solve uses its whole budget
+        return real(*args, time_limit=time_limit, **kw)
+
+    monkeypatch.setattr(solve_mod, "solve_sharding", recording)
+    deadline = [0.0]
+    search_init = planner._Search.__init__
+
+    def init(self, *args):
+        search_init(self, *args)
+        deadline[0] = self.deadline
+
+    monkeypatch.setattr(planner._Search, "__init__", init)
+    sm, c = _two_by_four_transformer()
+    plan = plan_joint(sm, c, time_limit=12, space="joint", workers=1)
+    assert asked, "no exact solve ran: the test checks nothing"
+    for budget, left in asked:
+        assert 0 < budget <= left
+    assert plan.stats["stopped"] and plan.status != OPTIMAL
+    assert plan.lower_bound <= plan.objective
+    assert now[0] - deadline[0] < 1.0  # at most a few looks at the clock past it, no more work
+
+
+def test_progress_names_every_long_phase(monkeypatch):
+    from solver.joint import planner
+
+    notes = []
+
+    class Recorder:
+        def note(self, text):
+            notes.append(text)
+
+        def update(self, objective, bound, elapsed=None):
+            notes.append(("update", objective, bound))
+
+    monkeypatch.setattr(planner, "NOTE_SECONDS", 0.0)
+    sm, c = _two_by_four_transformer()
+    plan_joint(sm, c, time_limit=0.3, space="joint", progress=Recorder())
+    texts = [n for n in notes if isinstance(n, str)]
+    assert texts.index("first plan: the pure sharding sub-space") < texts.index(
+        "first plan: the pure pipeline sub-space"
+    )
+    assert any(t.startswith("pricing stage candidates (") for t in texts)
+    first_update = next(n for n in notes if isinstance(n, tuple))
+    assert math.isfinite(first_update[1]) and first_update[2] <= first_update[1]

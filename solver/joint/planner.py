@@ -26,6 +26,7 @@ import numpy as np
 
 from solver.cluster import Cluster
 from solver.errors import MtppError
+from solver.joint.bound import op_work, split_tuples, universal_bound
 from solver.joint.plan import JointPlan, StageSpec, price_stages
 from solver.joint.segment import Segment, cut_points, make_segment, tensor_bytes
 from solver.joint.submesh import SPACES, SubMesh, candidates, stage_limit, sub_cluster
@@ -35,6 +36,14 @@ HEURISTICS = ("dp", "megatron", "propagate")
 EXACT_SHARE = 0.25  # most of the time left one exact segment solve may take
 EXACT_MIN_SECONDS = 1.0
 EXACT_MAX_SECONDS = 30.0
+NOTE_SECONDS = 1.0  # at most one progress note per this many seconds while pricing
+_clock = time.perf_counter  # the deadline's clock (tests replace it)
+
+__all__ = ["plan_joint", "op_work", "split_tuples", "universal_bound", "weight_floor"]
+
+
+class _Expired(Exception):
+    """The deadline passed during a dynamic programme: its result is not complete."""
 
 
 @dataclass
@@ -77,6 +86,7 @@ class _Search:
         self._mesh_keys: dict[int, tuple] = {}
         self._pairs: dict[tuple[int, int, int], PairCost] = {}
         self._wholes: dict[tuple, tuple] = {}
+        self._noted = -math.inf  # when pricing was last noted on the progress
 
     # ------------------------------------------------------------------ helpers
     def segment(self, a: int, b: int) -> Segment:
@@ -99,7 +109,10 @@ class _Search:
         return stage_limit(self.cluster, m.devices, self.memory)
 
     def time_left(self) -> float:
-        return self.deadline - time.perf_counter()
+        return self.deadline - _clock()
+
+    def expired(self) -> bool:
+        return self.time_left() <= 0
 
     def bw(self, i: int, j: int) -> float:
         """Slowest link between sub-meshes i and j."""
@@ -133,18 +146,29 @@ class _Search:
         return self._link_cache[key]
 
     # ------------------------------------------------------------------ program costs
-    def pair(self, a: int, b: int, m: int) -> PairCost:
+    def pair(self, a: int, b: int, m: int, force: bool = False) -> PairCost:
         """The cached cost of segment a..b on sub-mesh m (heuristics and lower bound on first
-        use)."""
+        use). Past the deadline an unpriced pair gets only its least-compute lower cost, not
+        cached (``force``: price it anyway, for the first incumbents)."""
         pc = self._pairs.get((a, b, m))
         if pc is None:
             seg = self.segment(a, b)
             key = (seg.signature, self.mesh_key(m))
             pc = self.costs.get(key)
             if pc is None:
+                if not force and self.expired():
+                    return self._least(seg, m)
                 pc = self.costs[key] = self._initial(seg, m)
+                self._note_pricing()
             self._pairs[(a, b, m)] = pc
         return pc
+
+    def _note_pricing(self) -> None:
+        """Say on the progress how many pairs are priced (at most once a second)."""
+        now = time.perf_counter()
+        if self.progress is not None and now - self._noted >= NOTE_SECONDS:
+            self._noted = now
+            self.progress.note(f"pricing stage candidates ({len(self.costs)} programs priced)")
 
     def _whole(self, m: int):
         """The whole model's Planner on sub-mesh m (one per alike sub-meshes) and the prefix
@@ -176,11 +200,8 @@ class _Search:
                 setattr(planner, cache, getattr(whole, cache))
         return planner
 
-    def _initial(self, seg: Segment, m: int) -> PairCost:
-        from solver.sharding.patterns import data_parallel_plan, megatron_plan
-        from solver.sharding.program import evaluate
-        from solver.sharding.propagate import propagate
-
+    def _least(self, seg: Segment, m: int) -> PairCost:
+        """Only the certified lower cost: the weight floor, else the least compute."""
         pc = PairCost()
         mesh = self.meshes[m]
         limit = self.limit(mesh)
@@ -191,12 +212,24 @@ class _Search:
         _, least = self._whole(m)
         pc.lower = float(least[seg.end] - least[seg.start])
         pc.sources.append("least compute")
-        if self.time_left() <= 0:
+        return pc
+
+    def _initial(self, seg: Segment, m: int) -> PairCost:
+        """Both costs of a pair: the lower one and the best heuristic plan that fits."""
+        from solver.sharding.patterns import data_parallel_plan, megatron_plan
+        from solver.sharding.program import evaluate
+        from solver.sharding.propagate import propagate
+
+        pc = self._least(seg, m)
+        if pc.infeasible:
             return pc
+        mesh = self.meshes[m]
+        limit = self.limit(mesh)
         planner = self._planner(seg, m)
         self.stats["heuristic_pairs"] += 1
         fns = {"dp": data_parallel_plan, "megatron": megatron_plan, "propagate": propagate}
-        for name in HEURISTICS:
+        # on one device every heuristic keeps every operator whole: one is enough
+        for name in HEURISTICS[:1] if mesh.size == 1 else HEURISTICS:
             strategies = fns[name](planner, {})
             prog = evaluate(planner, strategies)
             if (limit is None or prog.memory_per_device <= limit) and prog.objective < pc.upper:
@@ -215,6 +248,7 @@ class _Search:
             return False
         left = self.time_left()
         if left < EXACT_MIN_SECONDS:
+            self.stats["stopped"] = True  # too little time left for an exact solve
             return False
         pc.exact_tried = True
         seg, mesh = self.segment(a, b), self.meshes[m]
@@ -251,28 +285,36 @@ class _Search:
         return True
 
     # ------------------------------------------------------------------ the DP
-    def dp(self, upper: bool, cap: float = math.inf) -> tuple[float, list[tuple[int, int, int]]]:
+    def dp(
+        self, upper: bool, cap: float = math.inf, allowed=None, first: bool = False
+    ) -> tuple[float, list[tuple[int, int, int]]]:
         """Min over stage sequences of the slowest stage, programs priced ``upper`` or lower.
         Returns (value, stages as (a, b, sub-mesh)); value inf when no sequence exists.
-        Labels whose finished stages are already >= ``cap`` are dropped (see docs/joint.md)."""
+        Labels whose finished stages are already >= ``cap`` are dropped (see docs/joint.md).
+        ``allowed``: the sub-mesh indices stages may use (default all). Raises
+        :class:`_Expired` when the deadline passes, unless ``first`` (a first incumbent: every
+        pair is priced, whatever the time)."""
         cuts, meshes = self.cuts, self.meshes
         nc = len(cuts)
         last = nc - 1
         best = cap
         best_label: _Label | None = None
         labels: dict[tuple[int, int, int], list[_Label]] = {}
+        use = range(len(meshes)) if allowed is None else sorted(allowed)
 
         def prog(ia: int, ib: int, m: int) -> float:
-            pc = self.pair(cuts[ia], cuts[ib], m)
+            pc = self.pair(cuts[ia], cuts[ib], m, force=first)
             return pc.upper if upper else pc.lower
 
         for ib in range(1, nc):
-            for m in range(len(meshes)):
+            for m in use:
                 if math.isfinite(prog(0, ib, m)):
                     labels[(0, ib, m)] = [_Label(0.0, 0.0, (0, ib, m), None)]
         for ia in range(nc - 1):
             for ib in range(ia + 1, nc):
-                for m in range(len(meshes)):
+                if not first and self.expired():
+                    raise _Expired
+                for m in use:
                     state = (ia, ib, m)
                     here = labels.pop(state, None)
                     if not here:
@@ -285,7 +327,7 @@ class _Search:
                                 best, best_label = total, _Label(total, 0.0, state, lab)
                         continue
                     for ic in range(ib + 1, nc):
-                        for m2 in range(len(meshes)):
+                        for m2 in use:
                             if meshes[m2].start < meshes[m].end:
                                 continue
                             p2 = prog(ib, ic, m2)
@@ -310,6 +352,34 @@ class _Search:
             lab = lab.prev
         return best, path[::-1]
 
+    def seeds(self) -> list[list[tuple[int, int, int]]]:
+        """The first incumbents, priced whatever the time: the heuristic optimum of the pure
+        sharding sub-space (one stage on a whole-cluster mesh) and of the pure pipeline
+        sub-space (single devices), the same plans those spaces' own searches start from. A
+        joint plan is thus never worse than their first incumbents."""
+        if self.space != "joint":  # the space's own first round
+            subs = {self.space: range(len(self.meshes))}
+        else:
+            full = [i for i, m in enumerate(self.meshes) if m.size == self.cluster.devices]
+            single = [i for i, m in enumerate(self.meshes) if m.size == 1]
+            subs = {"sharding": full, "pipeline": single}
+        paths = []
+        for what, allowed in subs.items():
+            if self.progress is not None:
+                sub = f": the pure {what} sub-space" if self.space == "joint" else ""
+                self.progress.note(f"first plan{sub}")
+            if self.space == "joint" and what == "sharding":  # one stage: no DP needed
+                path, best = [], math.inf
+                for m in allowed:
+                    pc = self.pair(0, self.n, m, force=True)
+                    if pc.upper < best:
+                        path, best = [(0, self.n, m)], pc.upper
+            else:
+                _, path = self.dp(upper=True, allowed=allowed, first=True)
+            if path:
+                paths.append(path)
+        return paths
+
     def io(self, ia, ib, ic, m, m2, upper) -> tuple[float, float, float]:
         """Transfers when stage s = (ia, ib) on m is followed by t = (ib, ic) on m2: x the
         s -> t time (both pay it), out_s what s sends past t, in_t what t receives from
@@ -318,34 +388,46 @@ class _Search:
         got = self._link_cache.get(key)
         if got is not None:
             return got
+        near, far_in_bytes, far_out_bytes, far_out_sends = self.io_bytes(ia, ib, ic)
+        ms, mt = self.meshes[m], self.meshes[m2]
+        x = near / (min(ms.size, mt.size) * self.bw(m, m2)) if near else 0.0
+        far_in = far_out = 0.0
+        if far_in_bytes and upper:
+            far_in = far_in_bytes / self.outside_link(m2, before=True, fastest=False)
+        elif far_in_bytes:
+            far_in = far_in_bytes / (mt.size * self.outside_link(m2, before=True, fastest=True))
+        if far_out_bytes and upper:
+            far_out = far_out_sends / self.outside_link(m, before=False, fastest=False)
+        elif far_out_bytes:
+            far_out = far_out_bytes / (ms.size * self.outside_link(m, before=False, fastest=True))
+        got = self._link_cache[key] = (x, far_out, far_in)
+        return got
+
+    def io_bytes(self, ia: int, ib: int, ic: int) -> tuple[float, float, float, float]:
+        """Bytes of the transfers in :meth:`io`, whatever the sub-meshes: s -> t, into t from
+        before s, out of s past t (each once), and the latter once per later reading interval."""
+        key = ("bytes", ia, ib, ic)
+        got = self._link_cache.get(key)
+        if got is not None:
+            return got
         cuts = self.cuts
         a, b, c = cuts[ia], cuts[ib], cuts[ic]
-        ms, mt = self.meshes[m], self.meshes[m2]
-        seg_t = self.segment(b, c)
-        x = 0.0
-        far_in = 0.0
-        for t in seg_t.inputs:
+        near = far_in = 0.0
+        for t in self.segment(b, c).inputs:
             q = self.sm.producer.get(t)
             if q is None:
                 continue
-            nbytes = tensor_bytes(self.sm, t)
             if q >= a:
-                x += nbytes / (min(ms.size, mt.size) * self.bw(m, m2))
-            elif upper:
-                far_in += nbytes / self.outside_link(m2, before=True, fastest=False)
+                near += tensor_bytes(self.sm, t)
             else:
-                far_in += nbytes / (mt.size * self.outside_link(m2, before=True, fastest=True))
-        far_out = 0.0
+                far_in += tensor_bytes(self.sm, t)
+        far_out = sends = 0.0
         for t in self.segment(a, b).outputs:
             readers = self.reader_intervals(t, c)
-            if not readers:
-                continue
-            nbytes = tensor_bytes(self.sm, t)
-            if upper:
-                far_out += readers * nbytes / self.outside_link(m, before=False, fastest=False)
-            else:
-                far_out += nbytes / (ms.size * self.outside_link(m, before=False, fastest=True))
-        got = self._link_cache[key] = (x, far_out, far_in)
+            if readers:
+                far_out += tensor_bytes(self.sm, t)
+                sends += readers * tensor_bytes(self.sm, t)
+        got = self._link_cache[key] = (near, far_in, far_out, sends)
         return got
 
     def reader_intervals(self, t: str, c: int) -> int:
@@ -401,79 +483,6 @@ def _fmt_bytes(x: float) -> str:
     return f"{format_bytes(x)} ({x:.0f} bytes)"
 
 
-def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
-    """Every loop split an operator can run with on some mesh of at most ``k`` devices: each
-    split divides its loop (1 on a fixed loop) and their product is at most ``k``. This is the
-    union of :func:`solver.sharding.rules.candidates` over 1..k devices, enumerated directly
-    (the product never exceeds ``k``, so big clusters stay cheap)."""
-    out: list[tuple[tuple[int, ...], int]] = [((), 1)]
-    for lp, size in enumerate(spec.loops):
-        opts = [1] if lp in spec.fixed else [n for n in range(1, k + 1) if size % n == 0]
-        out = [(s + (n,), p * n) for s, p in out for n in opts if p * n <= k]
-    return [s for s, _ in out]
-
-
-def op_work(sm, spec, i: int, k: int) -> np.ndarray:
-    """Rows (devices used, local FLOPs, local bytes moved) of operator ``i`` under every split
-    it can run with on <= ``k`` devices: what ``Planner.compute_time`` prices, per device."""
-    from solver.sharding.redistribute import local_bytes
-    from solver.sharding.rules import StrategyError, shard, strategy_of
-
-    op = sm.ops[i]
-    tensors = [*op.data_inputs, *op.outputs]
-    rows = set()
-    for s in split_tuples(spec, k):
-        try:
-            sh = shard(op, sm, spec, strategy_of(spec, s), math.prod(s))
-        except StrategyError:
-            continue
-        moved = sum(
-            local_bytes(lay, sm.itemsize(t))
-            for t, lay in zip(tensors, [*sh.in_layouts, *sh.out_layouts], strict=True)
-        )
-        rows.add((math.prod(sh.loop_splits), sh.local_flops, moved))
-    return np.asarray(sorted(rows), dtype=float).reshape(-1, 3)
-
-
-def universal_bound(sm, cluster: Cluster) -> float:
-    """A lower bound on the period of every joint plan (any stages, devices, meshes and
-    strategies), proven in docs/joint.md ("The universal bound"): the largest of
-
-    - for each distinct device compute c: sum over operators of min over splits of
-      p * max(F / c, M / b), divided by sum over devices of max(1, c_d / c);
-    - sum over operators of min over splits of p * F, divided by the total compute;
-    - the heaviest operator's least time on any split, at the fastest device.
-
-    p, F, M: devices used, local FLOPs and bytes of one split (:func:`op_work`); b the
-    memory bandwidth. Operators are priced once per signature."""
-    from solver.sharding.mesh import Mesh
-    from solver.sharding.program import Planner
-
-    if not sm.ops:
-        return 0.0
-    k = cluster.devices
-    planner = Planner(sm, Mesh((1,), (math.inf,), (0.0,)), cluster)
-    first: dict = {}
-    count: dict = {}
-    for i, sig in enumerate(planner.signature):
-        first.setdefault(sig, i)
-        count[sig] = count.get(sig, 0) + 1
-    works = [(count[sig], op_work(sm, planner.specs[i], i, k)) for sig, i in first.items()]
-    _, _, compute = cluster.device_arrays()
-    b = cluster.memory_bandwidth
-    best = 0.0
-    for c in np.unique(compute):
-        need = sum(
-            n * float((w[:, 0] * np.maximum(w[:, 1] / c, w[:, 2] / b)).min()) for n, w in works
-        )
-        best = max(best, need / float(np.maximum(1.0, compute / c).sum()))
-    flops = sum(n * float((w[:, 0] * w[:, 1]).min()) for n, w in works)
-    best = max(best, flops / float(compute.sum()))
-    fastest = float(compute.max())
-    heaviest = max(float(np.maximum(w[:, 1] / fastest, w[:, 2] / b).min()) for _, w in works)
-    return max(best, heaviest)
-
-
 def _describe_space(search: _Search) -> str:
     shapes = [
         "x".join(map(str, shape))
@@ -520,7 +529,11 @@ def plan_joint(
     from solver.sharding.model import ShardModel, load_model
     from solver.units import parse_memory
 
-    t0 = time.perf_counter()
+    t0, clock0 = time.perf_counter(), _clock()  # loading the model counts
+
+    def wall() -> float:
+        return time.perf_counter() - t0
+
     if space not in SPACES:
         raise MtppError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
@@ -531,41 +544,66 @@ def plan_joint(
         memory = parse_memory(memory)
     elif memory is not None and not (0 < memory < math.inf):
         raise MtppError(f"--memory must be a finite size > 0, got {memory!r}")
+    if progress is not None and not isinstance(model, ShardModel):
+        progress.note("loading the model")
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
     name = getattr(getattr(sm.model, "graph", None), "name", "") or "model"
-    search = _Search(sm, cluster, memory, space, t0 + time_limit, progress, workers)
+    search = _Search(sm, cluster, memory, space, clock0 + time_limit, progress, workers)
     _check_fits_somewhere(search)
     if progress is not None:
         c = len(search.cuts)
         progress.note(f"pricing {c * (c - 1) // 2} segments x {len(search.meshes)} sub-meshes")
-    best_obj, best_stages, lb, low_val = math.inf, None, 0.0, 0.0
+    ub = universal_bound(sm, cluster)  # valid for every joint plan, so over the space too
+    best: list = [math.inf, None]  # objective, stages
+
+    def offer(path) -> None:
+        """Re-price a DP path exactly; keep it when it beats the incumbent."""
+        stages, over = price_stages(sm, cluster, search.specs(path), memory)
+        if over is not None:  # the pair costs come from plans that fit: a bug
+            raise InvalidBoundError(f"a joint plan built from fitting programs: {over}")
+        obj = max(s.time for s in stages)
+        if obj < best[0]:
+            best[:] = [obj, stages]
+
+    lb, low_val = 0.0, 0.0
     try:
+        for path in search.seeds():
+            offer(path)
+        search.stats["first_plan_seconds"] = wall()
+        if progress is not None:
+            progress.update(best[0], min(ub, best[0]), wall())
         while True:
-            search.stats["rounds"] += 1
-            _, up_path = search.dp(upper=True)
-            if up_path:
-                stages, over = price_stages(sm, cluster, search.specs(up_path), memory)
-                if over is not None:  # the pair costs come from plans that fit: a bug
-                    raise InvalidBoundError(f"a joint plan built from fitting programs: {over}")
-                obj = max(s.time for s in stages)
-                if obj < best_obj:
-                    best_obj, best_stages = obj, stages
-            low_val, low_path = search.dp(upper=False, cap=best_obj)
-            lb = max(lb, min(low_val, best_obj))
-            if progress is not None:
-                progress.update(best_obj, lb, time.perf_counter() - t0)
-            if best_stages is not None and best_obj - lb <= max(gap, OPTIMALITY_TOL) * best_obj:
+            if search.expired():
+                search.stats["stopped"] = True
                 break
-            if not low_path and best_stages is None:
+            search.stats["rounds"] += 1
+            try:
+                _, up_path = search.dp(upper=True)
+                if up_path:
+                    offer(up_path)
+                low_val, low_path = search.dp(upper=False, cap=best[0])
+            except _Expired:
+                search.stats["stopped"] = True
+                break
+            lb = max(lb, min(low_val, best[0]), min(ub, best[0]))
+            if progress is not None:
+                progress.update(best[0], lb, wall())
+            if best[1] is not None and best[0] - lb <= max(gap, OPTIMALITY_TOL) * best[0]:
+                break
+            if not low_path and best[1] is None:
                 break  # no plan of the space fits
-            todo = list(dict.fromkeys([*up_path, *low_path]))
-            did = [search.refine(a, b, m) for a, b, m in todo]
-            if not any(did):
+            did = False
+            for a, b, m in dict.fromkeys([*up_path, *low_path]):
+                if search.expired():
+                    break
+                did = search.refine(a, b, m) or did
+            if not did:
                 break
     except KeyboardInterrupt:  # as CP-SAT does: the best plan so far with its proven bound
-        if best_stages is None:
+        if best[1] is None:
             raise
         search.stats["interrupted"] = True
+    best_obj, best_stages = best
     if best_stages is None:
         limit = _limit_text(cluster, memory)
         if math.isinf(low_val):
@@ -581,10 +619,9 @@ def plan_joint(
         )
     if bound_exceeds(lb, best_obj):
         raise InvalidBoundError(f"joint lower bound {lb!r} above the objective {best_obj!r}")
-    lb = min(lb, best_obj)
-    ub = universal_bound(sm, cluster)
     if bound_exceeds(ub, best_obj):
         raise InvalidBoundError(f"universal bound {ub!r} above the objective {best_obj!r}")
+    lb = max(min(lb, best_obj), min(ub, best_obj))
     status = OPTIMAL if best_obj - lb <= OPTIMALITY_TOL * best_obj else FEASIBLE
     search.stats.update(
         cut_points=len(search.cuts),
