@@ -427,9 +427,11 @@ def run_plan(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     memory_ok: bool = False,
+    placement=None,
 ) -> RunResult:
     """Export the plan into a temporary folder and run it (see :func:`run_pipeline`); the
-    folder is removed however the run ends.
+    folder is removed however the run ends. ``placement`` (the device of each block) goes to
+    :func:`solver.io.onnx_export.export_plan`; here every stage is one alike process.
 
     Before anything is written, the memory the run needs (every stage's weights and
     activations at once, then the unsplit model; :func:`solver.io.onnx_export.memory_estimate`)
@@ -450,7 +452,9 @@ def run_plan(
     check_requests(requests)
     with _sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="mtpp-run-") as tmp:
         out = Path(tmp) / "stages"
-        report = export_plan(model_path, g, assignment, out, dims=dims, before_write=fits)
+        report = export_plan(
+            model_path, g, assignment, out, dims=dims, before_write=fits, placement=placement
+        )
         return run_pipeline(
             Path(model_path),
             out,

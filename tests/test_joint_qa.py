@@ -177,31 +177,6 @@ def test_an_if_node_strategy_survives_the_stage_files(tmp_path):
 
 
 # ---------------------------------------------------------------------- placed pipeline plans
-def test_export_warns_when_blocks_run_on_other_devices(files, capsys, tmp_path):
-    model = files[0]
-    cluster = tmp_path / "mixed.yaml"
-    cluster.write_text(
-        "name: mixed\nfast_memory: 1GB\ncompute: 100TFLOPS\nlink_bandwidth: 100GB/s\n"
-        "topology:\n  groups: [{name: a, devices: 2}, {name: b, devices: 2}]\n"
-        "  between: {bandwidth: 10GB/s, latency: 5us}\n"
-        "  compute: [200TFLOPS, 200TFLOPS, 100TFLOPS, 50TFLOPS]\n"
-    )
-    plan = tmp_path / "p.json"
-    argv = ["solve", model, "--cluster", cluster, "--method", "time", "-q", "--out", plan]
-    assert run(*argv) == 0
-    data = json.loads(plan.read_text())
-    used = sorted(set(data["assignment"].values()))
-    data["placement"] = [0, 1, 2, 3]
-    plan.write_text(json.dumps(data))
-    capsys.readouterr()
-    assert run("export", model, plan, "--out", tmp_path / "a") == 0
-    assert "warning" not in capsys.readouterr().err
-    data["placement"] = [3, 2, 1, 0]
-    plan.write_text(json.dumps(data))
-    assert run("export", model, plan, "--out", tmp_path / "b") == 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mtpp: warning: ")
-    assert f"block {used[0]} -> device {3 - used[0]}" in err[0]
 
 
 def test_run_refuses_a_joint_plan_naming_what_checks_it(files, capsys, tmp_path):

@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
         "export",
         help="write the sharded ONNX model of a plan (and verify it)",
         description="Write, into a new folder: annotated.onnx (every node carries "
-        "__ipu_number and __pipeline_stage), stage{s}.onnx (one model per stage with explicit "
+        "__ipu_number, the device its block is placed on, and __pipeline_stage, its stage), "
+        "stage{s}.onnx (one model per stage with explicit "
         "boundary tensors; weights kept in external data are copied, holes skipped, into "
         "stage{s}.onnx.data, which annotated.onnx references too), sharding.yaml (PopRT-style "
         "manual sharding that --method manual reads back), stages.json (with the memory "
@@ -44,10 +45,16 @@ def add_parser(sub) -> None:
         "plus plan.json, manifest.json and README.txt; --verify runs the stages one after the "
         "other, each on its emulated devices, and compares every stage's outputs and the "
         "model's with onnxruntime on the whole model (exit 1 naming the first stage and tensor "
-        "beyond --tolerance, default 1e-4 x max(1, max |reference|)).",
+        "beyond --tolerance, by default 1e-4 x max(1, max |reference|) for float32/float64, "
+        "1e-2 x max(1, max |reference|) for float16/bfloat16, exact for integers and bools).",
         formatter_class=formatter,
     )
-    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
+    p.add_argument(
+        "graph",
+        metavar="MODEL.onnx",
+        help="the ONNX model the plan was made for (a joint plan may be given alone: it names "
+        "its model)",
+    )
     p.add_argument(
         "plan",
         metavar="PLAN",
@@ -101,16 +108,18 @@ def add_parser(sub) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from solver.cli.simulate import joint_plan_args
+    from solver.cli.simulate import joint_plan_args, plan_format
     from solver.io.onnx_export import export_plan
+    from solver.plan import read_plan_placement
 
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
-    if args.plan is None:
+    if args.plan is None and plan_format(args.graph) is None:
         raise MtppError("name the plan: mtpp export MODEL.onnx PLAN --out DIR")
-    joint = joint_plan_args(args, "export")
+    joint = joint_plan_args(args, "export")  # a joint plan may come alone: it names its model
     if joint is not None:
+        args.graph, args.plan = joint
         return cmd_export_joint(args)
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
@@ -137,6 +146,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         force=args.force,
         inputs=[args.plan],
         verify_memory_ok=args.verify_memory_ok,
+        placement=read_plan_placement(data, args.plan, cluster),  # None: block b on device b
     )
     ok = report.get("verify", {}).get("ok", True)
     if args.json:

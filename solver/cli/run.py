@@ -56,6 +56,7 @@ def add_parser(sub) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from solver.cluster import Cluster
     from solver.io.onnx_import import load_onnx
+    from solver.plan import read_plan_placement
     from solver.run import check_requests, run_plan
     from solver.simulate import simulate
 
@@ -66,7 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
     dims = parse_dims(args)
     g, cluster = load_graph_and_cluster(args)
-    a, _, cluster = plan_assignment(args, g, cluster)
+    a, data, cluster = plan_assignment(args, g, cluster)
+    placement = read_plan_placement(data, args.plan, cluster)  # None: block b on device b
     res = run_plan(
         args.graph,
         g,
@@ -75,14 +77,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         requests=args.requests,
         seed=args.seed,
         memory_ok=args.memory_ok,
+        placement=placement,
     )
     # node times for the simulator (profiled once); --memory-ok covers that run too
     measured = g
     if g.hints.get("work_model") != "measured":
         measured = load_onnx(args.graph, dims=dims, work="measured", memory_ok=args.memory_ok)
-    here = Cluster("this-machine", int(a.max()) + 1, link_bandwidth=res.queue_bandwidth)
+    # this machine: alike stage processes, as many as the plan's devices, its queues as links
+    devices = int(a.max()) + 1 if placement is None else len(placement)
+    here = Cluster("this-machine", devices, link_bandwidth=res.queue_bandwidth)
     # the simulated period settles within a few hundred requests; more only costs time
-    sim = simulate(measured, here, a, requests=min(max(50, args.requests), 500))
+    sim = simulate(
+        measured, here, a, requests=min(max(50, args.requests), 500), placement=placement
+    )
     out = {
         "graph": g.name,
         "stages": res.stages,
@@ -100,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "threads": res.stages,
         },
         "queue_bandwidth": res.queue_bandwidth,
+        "placement": None if placement is None else placement.tolist(),
     }
     if args.json:
         print_json(out)
@@ -113,6 +121,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     shapes = ", ".join(esc(f"{x} {list(v)}") for x, v in res.input_shapes.items())
     con.print(f"inputs: {shapes}")
+    if placement is not None:
+        con.print(
+            esc(
+                f"placement {placement.tolist()} (block b on device placement[b] of "
+                f"{cluster.name}); here every device is one alike stage process"
+            )
+        )
     t = Table()
     for col in ("", "throughput (req/s)", "latency (ms)"):
         t.add_column(col, justify="right")

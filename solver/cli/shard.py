@@ -157,6 +157,8 @@ def cmd_shard(args: argparse.Namespace) -> int:
     if args.verify:
         v = plan["verify"]
         con.print(f"verify: {'ok' if v['ok'] else 'FAILED'}, max abs diff {v['max_abs_diff']}")
+        if not v["ok"]:
+            con.print(f"  [red]{esc(v.get('error') or 'an output differs')}[/red]")
     if args.out is not None:
         con.print(f"wrote {esc(args.out)}: strategies.yaml, plan.json, annotated.onnx")
     return 0 if ok else 1

@@ -415,8 +415,13 @@ def export_plan(
     inputs: list[str | Path] = (),
     verify_memory_ok: bool = False,
     before_write=None,
+    placement: np.ndarray | None = None,
 ) -> dict:
     """Write the annotated model, the stage models and the sharding YAML; return a report.
+
+    ``placement`` (the device of each block, :attr:`solver.plan.Plan.placement`) makes a node
+    of block b carry ``__ipu_number = placement[b]`` (``sharding.yaml`` too); its stage stays
+    as it was. None: block b runs on device b.
 
     ``out_dir`` is checked first (:func:`solver.files.check_output_dir` with the model and
     ``inputs``): an existing non-empty folder is replaced only with ``force``. With ``verify``,
@@ -437,12 +442,15 @@ def export_plan(
     a = np.asarray(assignment, dtype=np.int64)
     stage = a if stage is None else np.asarray(stage)
     k = int(a.max()) + 1
+    place = np.arange(k) if placement is None else np.asarray(placement, dtype=np.int64)
+    if len(place) < k:
+        raise MtppError(f"the placement lists {len(place)} devices but the plan has {k} blocks")
     model = onnx.load(str(model_path), load_external_data=False)
     check_external_paths(model, model_path.parent)
     fix_dims(model, dict(dims or {}))
     shapes = complete_shapes(model, model_path.parent)[0]
     dev, static = onnx_placement(model, g, a)
-    stage_of_device = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
+    stage_of_block = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
     stages = stage_models(model, dev, static, shapes, k)
     estimate = memory_estimate(model, g, a, stages, shapes)
     if verify and not verify_memory_ok:
@@ -467,21 +475,22 @@ def export_plan(
             _write_model(m, tmp / name, data, reuse=False)
             files.append(name)
         # the annotated model is the loaded one (no weight bytes in it), annotated in place
-        for node, d in zip(model.graph.node, dev, strict=True):
+        for node, b in zip(model.graph.node, dev, strict=True):
             keep = [x for x in node.attribute if x.name not in ("__ipu_number", "__pipeline_stage")]
             del node.attribute[:]
             node.attribute.extend(keep)
-            node.attribute.append(helper.make_attribute("__ipu_number", int(d)))
+            node.attribute.append(helper.make_attribute("__ipu_number", int(place[b])))
             node.attribute.append(
-                helper.make_attribute("__pipeline_stage", stage_of_device.get(int(d), int(d)))
+                helper.make_attribute("__pipeline_stage", stage_of_block.get(int(b), int(b)))
             )
         _write_model(model, tmp / "annotated.onnx", data, reuse=True)
         data_files = sorted(data.dst)
         data.close()
-        (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, a, stage))
+        (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, place[a], stage))
         report = {
             "model": str(model_path),
             "devices": k,
+            "placement": place[:k].tolist(),
             "stages": [
                 {
                     "stage": st["stage"],

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from solver.errors import MtppError, first_line
+from solver.io.onnx_common import subgraph_inputs
 from solver.sharding.model import ShardModel, Unloaded
 
 STAGE_DIR = "stage_{}"
@@ -85,7 +86,7 @@ def check_stages(plan, sm: ShardModel) -> None:
         raise MtppError(f"operator {left[0]!r} is in no stage; every operator needs one")
     position = {st.index: i for i, st in enumerate(plan.stages)}
     for op in sm.ops:
-        for t in op.data_inputs:
+        for t in op.reads:
             u = sm.producer.get(t)
             if u is None:
                 continue
@@ -151,7 +152,7 @@ def stage_model(model, sm: ShardModel, stage):
     used_inits: dict[str, object] = {}
     while todo:
         i = todo.pop()
-        for x in g.node[i].input:
+        for x in [*g.node[i].input, *subgraph_inputs(g.node[i])]:  # bodies read outer names
             if not x or x in inputs or x in used_inits:
                 continue
             p = producer.get(x)

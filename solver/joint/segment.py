@@ -40,8 +40,9 @@ def tensor_bytes(sm: ShardModel, t: str) -> float:
 
 
 def _reads(op: Op) -> list[str]:
-    """Every tensor the node reads (data and shape inputs), in input order."""
-    return [t for t in op.node.input if t]
+    """Every tensor the node reads: data and shape inputs in input order, then the outer-scope
+    tensors its subgraph bodies read (If/Loop/Scan)."""
+    return op.reads
 
 
 def make_segment(sm: ShardModel, start: int, end: int) -> Segment:

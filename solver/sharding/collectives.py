@@ -48,8 +48,8 @@ def apply_step(step: Step, bufs: list[np.ndarray]) -> list[np.ndarray]:
     for r in range(p):
         g = group(dm, ax, r)
         me = g.index(r)
-        if step.kind == "AllReduce":
-            out.append(sum(bufs[q] for q in g))
+        if step.kind == "AllReduce":  # asarray: a sum of 0-d arrays is a numpy scalar
+            out.append(np.asarray(sum(bufs[q] for q in g)))
         elif step.kind == "ReduceScatter":
             d = _dim_gaining(b, a, ax)
             out.append(_piece(sum(bufs[q] for q in g), d, me, n))

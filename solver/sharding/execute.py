@@ -23,17 +23,20 @@ from solver.sharding.program import Planner, Program
 _SESSIONS: dict = {}
 
 
-def _session(sm: ShardModel, node, shapes_in: list, consts: dict):
+def _session(sm: ShardModel, node, shapes_in: list, consts: dict, outer: dict | None = None):
     """A cached onnxruntime session running ``node`` alone; input k is named ``in{k}`` (a tensor
     fed twice gets two names), ``shapes_in[k]`` its local (shape, dtype), ``consts`` the
-    static inputs by position."""
+    static inputs by position; ``outer`` maps the outer-scope names of a control-flow node's
+    bodies to (shape, dtype), fed under their own names so that the bodies find them."""
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
+    outer = outer or {}
     key = (
         node.SerializeToString(),
         tuple(shapes_in),
         tuple((k, np.asarray(v).tobytes()) for k, v in sorted(consts.items())),
+        tuple(sorted(outer.items())),
     )
     sess = _SESSIONS.get(key)
     if sess is not None:
@@ -51,6 +54,9 @@ def _session(sm: ShardModel, node, shapes_in: list, consts: dict):
             shape, dtype = shapes_in[k]
             elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
             inputs.append(helper.make_tensor_value_info(nm, elem, list(shape)))
+    for nm, (shape, dtype) in outer.items():
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        inputs.append(helper.make_tensor_value_info(nm, elem, list(shape)))
     outputs = [helper.make_empty_tensor_value_info(t) for t in node.output if t]
     graph = helper.make_graph([one], "one", inputs, outputs, inits)
     m = helper.make_model(graph, opset_imports=list(sm.model.opset_import))
@@ -63,8 +69,11 @@ def _session(sm: ShardModel, node, shapes_in: list, consts: dict):
     return sess
 
 
-def _run_local(sm: ShardModel, op, sh, local: list[np.ndarray], rank: int) -> list[np.ndarray]:
-    """Operator ``op`` on one device's local data inputs (positions of ``op.data``)."""
+def _run_local(
+    sm: ShardModel, op, sh, local: list[np.ndarray], rank: int, outer: dict | None = None
+) -> list[np.ndarray]:
+    """Operator ``op`` on one device's local data inputs (positions of ``op.data``) and, for a
+    control-flow op, the whole values of its outer-scope inputs (``outer``, by name)."""
     node = op.node
     if sh.kind == "reshape":
         return [local[0].reshape(sh.out_layouts[0].local_shape)]
@@ -96,7 +105,11 @@ def _run_local(sm: ShardModel, op, sh, local: list[np.ndarray], rank: int) -> li
             shapes_in[k] = (tuple(data_pos[k].shape), str(data_pos[k].dtype))
         else:
             consts[k] = sm.consts[t]
-    sess = _session(sm, node, shapes_in, consts)
+    outer = outer or {}
+    feeds.update(outer)
+    sess = _session(
+        sm, node, shapes_in, consts, {t: (tuple(v.shape), str(v.dtype)) for t, v in outer.items()}
+    )
     outs = sess.run(None, feeds)
     if sh.kind == "reducemean" and sh.out_layouts[0].partial:
         n = math.prod(sh.device_matrix[a] for a in sh.out_layouts[0].partial)
@@ -124,10 +137,11 @@ def run_sharded(planner: Planner, program: Program, feeds: dict[str, np.ndarray]
                         "--verify needs the weights"
                     )
                 per_input.append(scatter(np.asarray(full), sh.in_layouts[k]))
+        outer = {t: _whole(sm, program, env, feeds, t) for t in op.outer}
         results = []
         for r in range(p):
             try:
-                results.append(_run_local(sm, op, sh, [b[r] for b in per_input], r))
+                results.append(_run_local(sm, op, sh, [b[r] for b in per_input], r, outer))
             except MtppError:
                 raise
             except Exception as e:  # noqa: BLE001 - a wrong program fails verify, not the CLI
@@ -145,6 +159,20 @@ def run_sharded(planner: Planner, program: Program, feeds: dict[str, np.ndarray]
             bufs, lay = apply(r, bufs), r.dst
         out[t] = assemble(bufs, lay)
     return out
+
+
+def _whole(sm: ShardModel, program: Program, env: dict, feeds: dict, t: str) -> np.ndarray:
+    """The whole value of tensor ``t`` (an outer-scope input of a control-flow op, which every
+    device reads whole): reassembled from its devices' buffers, or a model input or weight."""
+    if t in env:
+        return assemble(env[t], program.layouts[t])
+    full = feeds[t] if t in feeds else sm.consts[t]
+    if isinstance(full, Unloaded):
+        raise MtppError(
+            f"weight {t!r} is stored outside the model and its file is absent; --verify needs "
+            "the weights"
+        )
+    return np.asarray(full)
 
 
 def random_inputs(sm: ShardModel, seed: int = 0) -> dict[str, np.ndarray]:
@@ -183,9 +211,15 @@ def reference(sm: ShardModel, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
     return dict(zip(names, sess.run(None, feeds), strict=True))
 
 
-def verify(planner: Planner, program: Program, seed: int = 0, rtol: float = 1e-4) -> dict:
+def verify(
+    planner: Planner, program: Program, seed: int = 0, tolerance: float | None = None
+) -> dict:
     """Sharded vs unsplit on seeded random inputs: shapes equal, no NaN, max abs diff within
-    ``rtol`` of the output's magnitude."""
+    ``tolerance``, by default per output type as :func:`solver.joint.export.default_tolerance`
+    (fp32 1e-4, fp16/bf16 1e-2, times max(1, max |reference|); integers and bools exact).
+    A program that cannot run fails with the reason in ``error``."""
+    from solver.joint.export import compare
+
     if any(isinstance(v, Unloaded) for v in planner.sm.consts.values()):
         raise MtppError(
             "--verify needs the weights, but the model's external weight file is absent"
@@ -196,24 +230,20 @@ def verify(planner: Planner, program: Program, seed: int = 0, rtol: float = 1e-4
         got = run_sharded(planner, program, feeds)
     except ValueError as e:  # a replica mismatch or a block no device holds
         return {"ok": False, "max_abs_diff": None, "error": str(e), "outputs": {}}
-    ok, worst, per = True, 0.0, {}
-    for t, want in ref.items():
-        have = got[t]
-        same_shape = tuple(have.shape) == tuple(want.shape)
-        if same_shape:
-            diff = float(np.max(np.abs(have.astype(np.float64) - want))) if want.size else 0.0
-        else:
-            diff = math.inf
-        nan = bool(np.isnan(have).any()) if np.issubdtype(have.dtype, np.floating) else False
-        scale = float(np.max(np.abs(want))) if want.size else 0.0
-        good = same_shape and not nan and diff <= rtol * max(1.0, scale)
-        ok &= good
-        worst = max(worst, diff) if not math.isnan(diff) else math.inf
-        per[t] = {
-            "shape": list(have.shape),
-            "max_abs_diff": diff if math.isfinite(diff) else None,
-            "nan": nan,
-            "ok": good,
-        }
-    worst = worst if math.isfinite(worst) else None
-    return {"ok": bool(ok), "max_abs_diff": worst, "seed": seed, "outputs": per}
+    per = {t: compare(want, got[t], tolerance) for t, want in ref.items()}
+    diffs = [c["max_abs_diff"] for c in per.values()]
+    worst = None if None in diffs else max(diffs, default=0.0)
+    bad = next((t for t, c in per.items() if not c["ok"]), None)
+    out = {"ok": bad is None, "max_abs_diff": worst, "seed": seed, "outputs": per}
+    if bad is not None:
+        out["error"] = f"output {bad!r}: {_why(per[bad])}"
+    return out
+
+
+def _why(c: dict) -> str:
+    """Why an output failed the comparison, in a few words."""
+    if c["max_abs_diff"] is None:
+        return f"shape {c['shape']} differs from the reference's"
+    if c["nan"]:
+        return "has NaN"
+    return f"max abs diff {c['max_abs_diff']:.3g} exceeds the tolerance {c['tolerance']:.3g}"

@@ -53,10 +53,19 @@ class Op:
     node: object
     data: list[int]
     node_index: int = -1
+    # an If/Loop/Scan's outer-scope inputs: tensors its bodies read from the enclosing graph,
+    # needed whole (replicated) on every device, covered by no strategy
+    outer: list[str] = field(default_factory=list)
 
     @property
     def data_inputs(self) -> list[str]:
         return [self.node.input[i] for i in self.data]
+
+    @property
+    def reads(self) -> list[str]:
+        """Every tensor the op reads: its inputs (data and shape), then its outer-scope ones."""
+        ins = [t for t in self.node.input if t]
+        return ins + [t for t in self.outer if t not in ins]
 
     @property
     def outputs(self) -> list[str]:
@@ -137,6 +146,7 @@ def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
     from onnx import numpy_helper
     from onnx.external_data_helper import uses_external_data
 
+    from solver.io.onnx_common import CONTROL_FLOW, subgraph_inputs
     from solver.io.onnx_import import fix_dims
     from solver.sharding.config import attributes_to_metadata
 
@@ -176,17 +186,18 @@ def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
     inputs = [i.name for i in g.input if i.name not in init_names]
     ops: list[Op] = []
     for i, node in enumerate(g.node):
-        if _fold(node, consts, shapes):
+        outer = subgraph_inputs(node) if node.op_type in CONTROL_FLOW else []
+        if not outer and _fold(node, consts, shapes):  # a body reading outer names stays
             continue
         name = node.name or f"{node.op_type}_{i}"
         skip = SHAPE_INPUTS.get(node.op_type, set())
         data = [k for k, t in enumerate(node.input) if t and k not in skip]
-        ops.append(Op(len(ops), name, node.op_type, node, data, i))
+        ops.append(Op(len(ops), name, node.op_type, node, data, i, outer))
     for name, arr in consts.items():
         shapes[name] = tuple(arr.shape)
         dtypes[name] = arr.dtype
     for op in ops:
-        for t in [*op.data_inputs, *op.outputs]:
+        for t in [*op.data_inputs, *op.outer, *op.outputs]:
             if t not in shapes:
                 raise MtppError(
                     f"{where}: tensor {t!r} of node {op.name!r} has no static shape; fix the "
@@ -202,7 +213,7 @@ def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
     for op in ops:
         for t in op.outputs:
             sm.producer[t] = op.index
-        for t in op.data_inputs:
+        for t in [*op.data_inputs, *(x for x in op.outer if x not in op.data_inputs)]:
             sm.consumers.setdefault(t, []).append(op.index)
     return sm
 
