@@ -260,8 +260,62 @@ def run_baseline(what: str) -> Callable[[Graph, Cluster, SolveOptions], Plan]:
         ca = contiguous_split(cg, cluster.devices, what, members=_members(labels, cg.n))
         return _finish(g, cluster, ca[labels], what, t0)
 
+    def on_devices(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
+        """The split in proportion to the devices of each candidate sequence (the best valid
+        one; with equal shares placed by best_placement), or as before (flat view, then
+        placed) when none fits."""
+        from solver.cost import evaluate
+        from solver.heuristics.baselines import contiguous_split, device_scale
+        from solver.placement import best_placement, candidate_sequences
+
+        t0 = time.perf_counter()
+        k = cluster.devices
+        cg, labels = coarse_view(g)
+        best = None
+        for seq in candidate_sequences(cluster, k):
+            scale = device_scale(cluster, seq, what)
+            a = contiguous_split(cg, k, what, members=_members(labels, cg.n), scale=scale)[labels]
+            if scale is None:  # equal shares: any placement keeps them, take the best one
+                moved = best_placement(g, cluster, a)
+                if moved.devices is not None:
+                    seq = moved.devices
+            if validate(g, cluster, a, placement=seq):
+                continue
+            val = evaluate(g, cluster, a, placement=seq).objective
+            if best is None or val < best[0]:
+                best = (val, a, seq)
+        if best is None:
+            return _flat_then_place(run, g, cluster, k, opts)
+        return _placed(g, cluster, best[1], best[2], what, t0, {"planned_on": "device sequence"})
+
     run.__doc__ = f"Contiguous split of a topological order balanced by {what}."
+    run.on_devices = on_devices
     return run
+
+
+def _placed(
+    g: Graph,
+    cluster: Cluster,
+    a: np.ndarray,
+    devices: np.ndarray,
+    method: str,
+    t0: float,
+    stats: dict,
+) -> Plan:
+    """A valid heuristic assignment with its device sequence as a FEASIBLE plan carrying the
+    universal bound of ``cluster``."""
+    return make_plan(
+        g,
+        cluster,
+        a,
+        method,
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=time.perf_counter() - t0,
+        stats=stats,
+        check=False,
+        placement=np.asarray(devices, dtype=np.int64),
+    )
 
 
 def quick_assignment(
@@ -312,19 +366,12 @@ def _quick_placed(g: Graph, cluster: Cluster, deadline: float) -> tuple[float, n
     return best, best_a
 
 
-def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
-    """SliceGraph: optimal slicing of topological orders searched by BRKGA (best of it and the
-    time-balanced split when the limit stops the search before its first slicing)."""
-    from solver.cost import evaluate
-    from solver.heuristics.baselines import contiguous_split
-    from solver.heuristics.brkga import BrkgaOptions, brkga
-    from solver.heuristics.orders import depth_first_order
-    from solver.progress import SolveProgress
+def _brkga_options(opts: SolveOptions):
+    """The BRKGA options of a slicegraph run (``opts.extra``, seed and time limit)."""
+    from solver.heuristics.brkga import BrkgaOptions
 
-    t0 = time.perf_counter()
-    cg, labels = coarse_view(g)
     ex = opts.extra
-    bo = BrkgaOptions(
+    return BrkgaOptions(
         population=int(ex.get("population", BrkgaOptions.population)),
         generations=int(ex.get("generations", BrkgaOptions.generations)),
         elite=float(ex.get("elite", BrkgaOptions.elite)),
@@ -333,6 +380,20 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
         seed=opts.seed,
         time_limit=opts.time_limit,
     )
+
+
+def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
+    """SliceGraph: optimal slicing of topological orders searched by BRKGA (best of it and the
+    time-balanced split when the limit stops the search before its first slicing)."""
+    from solver.cost import evaluate
+    from solver.heuristics.baselines import contiguous_split
+    from solver.heuristics.brkga import brkga
+    from solver.heuristics.orders import depth_first_order
+    from solver.progress import SolveProgress
+
+    t0 = time.perf_counter()
+    cg, labels = coarse_view(g)
+    bo = _brkga_options(opts)
     bound = lower_bound(g, cluster)
     with SolveProgress(enabled=opts.progress, title=f"slicegraph {g.name}") as prog:
         prog.note("searching topological orders")
@@ -355,6 +416,50 @@ def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
             "try --method cpsat (which proves infeasibility) or more devices"
         )
     return _finish(g, cluster, ca[labels], "slicegraph", t0, stats)
+
+
+def _slicegraph_on_devices(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
+    """SliceGraph on a heterogeneous cluster: the flat-view plan placed by best_placement (half
+    the time limit), then BRKGA whose orders are sliced against device sequences (group order,
+    big/fast first, that plan's placement); the better of the two, so never worse than the
+    flat view alone with the same time. best_placement may still improve the sliced blocks."""
+    from solver.heuristics.brkga import brkga
+    from solver.heuristics.orders import depth_first_order
+    from solver.placement import best_placement, candidate_sequences
+
+    t0 = time.perf_counter()
+    k = cluster.devices
+    flat, refusal = None, None
+    try:
+        flat = _flat_then_place(
+            run_slicegraph, g, cluster, k, replace(opts, time_limit=opts.time_limit / 2)
+        )
+    except MtppError as e:
+        refusal = e
+    cg, labels = coarse_view(g)
+    hints = [] if flat is None else [flat.placement]
+    seqs = candidate_sequences(cluster, k, hints)
+    left = max(0.0, opts.time_limit - (time.perf_counter() - t0))
+    bo = replace(_brkga_options(opts), time_limit=left)
+    val, ca, stats = brkga(
+        cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)], sequences=seqs
+    )
+    if ca is not None:
+        a, dev = ca[labels], np.array(stats.pop("devices"), dtype=np.int64)
+        moved = best_placement(g, cluster, a)
+        how = "device sequence"
+        if moved.devices is not None and moved.objective < val:
+            val, dev, how = moved.objective, moved.devices, "device sequence, then best placement"
+        if flat is None or val < flat.objective:
+            return _placed(g, cluster, a, dev, "slicegraph", t0, stats | {"planned_on": how})
+    if flat is None and refusal is not None:
+        raise refusal
+    if flat is not None:
+        flat.wall_seconds = time.perf_counter() - t0
+    return flat
+
+
+run_slicegraph.on_devices = _slicegraph_on_devices
 
 
 def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
@@ -414,23 +519,75 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
 
 def run_poprt(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
     """PopRT auto-sharding: candidate subgraphs, memory-balanced split, traversal."""
-    from solver.heuristics.poprt import PoprtOptions, poprt
+    from solver.heuristics.poprt import poprt
 
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
+    po = _poprt_options(opts)
+    ca, info = poprt(cg, cluster, po)
+    _name_sharding_nodes(g, cg, labels, info)
+    return _finish(g, cluster, ca[labels], "poprt", t0, info)
+
+
+def _poprt_options(opts: SolveOptions):
+    from solver.heuristics.poprt import PoprtOptions
+
     ex = opts.extra
-    po = PoprtOptions(
+    return PoprtOptions(
         optimal_perf=bool(ex.get("optimal_perf", False)),
         keep_per_step=int(ex.get("keep_per_step", PoprtOptions.keep_per_step)),
         keep_best=int(ex.get("keep_best", PoprtOptions.keep_best)),
         time_limit=opts.time_limit,
     )
-    ca, info = poprt(cg, cluster, po)
+
+
+def _name_sharding_nodes(g: Graph, cg: Graph, labels: np.ndarray, info: dict) -> None:
+    """PopRT's sharding nodes of the coarse graph, named by original nodes (in place)."""
     info["sharding_nodes"] = {
         d: [g.names[int(np.flatnonzero(labels == cg.index[nm])[-1])] for nm in names]
         for d, names in info["sharding_nodes"].items()
     }
-    return _finish(g, cluster, ca[labels], "poprt", t0, info)
+
+
+def _poprt_on_devices(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
+    """PopRT on a heterogeneous cluster: the flat-view plan placed by best_placement, and
+    PopRT planned for each candidate device sequence (group order, big/fast first, that
+    plan's placement), each with an equal share of the time; the best valid plan wins."""
+    from solver.cost import evaluate
+    from solver.heuristics.poprt import poprt
+    from solver.placement import candidate_sequences
+
+    t0 = time.perf_counter()
+    k = cluster.devices
+    share = opts.time_limit / 4  # the flat run and at most three sequences
+    flat, refusal = None, None
+    try:
+        flat = _flat_then_place(run_poprt, g, cluster, k, replace(opts, time_limit=share))
+    except MtppError as e:
+        refusal = e
+    cg, labels = coarse_view(g)
+    best = None if flat is None else (flat.objective, None, None, None)
+    for seq in candidate_sequences(cluster, k, [] if flat is None else [flat.placement]):
+        po = replace(_poprt_options(opts), time_limit=share)
+        ca, info = poprt(cg, cluster, po, devices=seq)
+        a = ca[labels]
+        if validate(g, cluster, a, placement=seq):
+            continue
+        val = evaluate(g, cluster, a, placement=seq).objective
+        if best is None or val < best[0]:
+            best = (val, a, seq, info)
+    if best is not None and best[1] is not None:
+        _name_sharding_nodes(g, cg, labels, best[3])
+        stats = best[3] | {"planned_on": "device sequence"}
+        return _placed(g, cluster, best[1], best[2], "poprt", t0, stats)
+    if flat is None and refusal is not None:
+        raise refusal
+    if flat is not None:
+        flat.wall_seconds = time.perf_counter() - t0
+    return flat
+
+
+run_poprt.on_devices = _poprt_on_devices
 
 
 def run_manual(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
@@ -602,6 +759,16 @@ def _run_blocks(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> P
 
 
 def _plan_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
+    """A heuristic on a cluster whose devices or links differ: its device-aware variant
+    (``fn.on_devices``: it plans against device sequences) when it has one and every device
+    gets a block, else :func:`_flat_then_place`."""
+    aware = getattr(fn, "on_devices", None)
+    if aware is not None and k == cluster.devices:
+        return aware(g, cluster, opts)
+    return _flat_then_place(fn, g, cluster, k, opts)
+
+
+def _flat_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
     """A heuristic on a cluster whose devices or links differ: its blocks are found on the
     flat planning view (the smallest device's memory, so that every block fits any device;
     again with the largest when that finds none or its blocks cannot be placed), then
@@ -668,25 +835,16 @@ def place_plan(g: Graph, cluster: Cluster, plan: Plan) -> Plan | None:
 def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
     """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``).
 
-    On a cluster whose devices or links differ they are computed on ``cluster.relaxation()``
-    (every device as fast and as big as the best one, every link as fast as the fastest) with
-    the work divided by the largest speed-up: every plan on every placement costs at least
-    its cost there, so they bound the real problem too; the universal bound
-    (:func:`solver.cost.lower_bound`) joins them.
+    On a cluster whose devices or links differ: :func:`solver.bounds.topology.topology_bound`
+    (the bounds on ``cluster.relaxation()``, the universal bound, and the group-labelled chains
+    that pay the slow link between groups), each valid for every plan on every placement.
     """
-    from solver.bounds import BoundReport, certified_lower_bound
+    from solver.bounds import certified_lower_bound
+    from solver.bounds.topology import topology_bound
 
     if cluster.homogeneous:
         return certified_lower_bound(g, cluster, time_limit=time_limit)
-    t0 = time.perf_counter()
-    flat, speedup = cluster.relaxation()
-    fast_g = g if speedup == 1.0 else replace(g, work=g.work / speedup)
-    rep = certified_lower_bound(fast_g, flat, time_limit=time_limit)
-    value = float(lower_bound(g, cluster))
-    bounds = {**rep.bounds, "universal": value}
-    if value > rep.value:
-        return BoundReport(value, "universal", bounds, time.perf_counter() - t0)
-    return BoundReport(rep.value, rep.binding, bounds, time.perf_counter() - t0)
+    return topology_bound(g, cluster, time_limit)
 
 
 def bound_stats(rep, binding: str | None = None, value: float | None = None) -> dict:

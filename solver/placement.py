@@ -13,6 +13,8 @@ class labels, one per block, using each class at most as often as it has devices
   moves to spare devices) from the identity, a consecutive-in-one-group and a
   heavy-on-big-device start. It says which (``Placement.exact``).
 - :func:`planning_cluster` is the flat cluster the heuristics plan their blocks on.
+- :func:`candidate_sequences` are the device sequences the device-aware heuristics plan
+  against directly (block b on device b of the sequence).
 
 Pure functions; on a homogeneous cluster the identity is optimal and is returned at once.
 """
@@ -325,3 +327,25 @@ def planning_cluster(cluster: Cluster, biggest: bool = False) -> Cluster:
         fast_memory=float(pick(memory)),
         capacity=None if math.isinf(cap) else cap,
     )
+
+
+def candidate_sequences(cluster: Cluster, k: int, hints: list[np.ndarray] = ()) -> list[np.ndarray]:
+    """Device sequences of length k for the heuristics that plan against devices: the group
+    order (devices group by group, in id order), big and fast devices first (capacity, fast
+    memory, compute; then group order), and ``hints`` (such as best_placement's devices for
+    blocks found on a flat view); one sequence per distinct sequence of device classes."""
+    memory, capacity, compute = cluster.device_arrays()
+    grouped = [d for members in cluster.groups for d in members]
+    rank = {d: i for i, d in enumerate(grouped)}
+    big = sorted(grouped, key=lambda d: (-capacity[d], -memory[d], -compute[d], rank[d]))
+    cl = device_classes(cluster)
+    out, seen = [], set()
+    for seq in [np.array(grouped[:k]), np.array(big[:k]), *hints]:
+        seq = np.asarray(seq, dtype=np.int64)
+        if len(seq) != k:
+            continue
+        key = tuple(_classes_of(cl, seq).tolist())
+        if key not in seen:
+            seen.add(key)
+            out.append(seq)
+    return out

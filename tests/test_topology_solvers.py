@@ -333,3 +333,169 @@ def test_cli_solve_writes_the_placement_on_two_servers_and_none_on_one(tmp_path,
     argv = ["solve", tiny, "--cluster", "dgx-a100", "-m", "time", "--json", "-q"]
     assert main(argv) == 0
     assert "placement" not in json.loads(capsys.readouterr().out)
+
+
+# -- heuristics that plan against a device sequence (issue 14 item 2) ------------------------
+
+
+def one_host(rng: np.random.Generator, devices: int) -> Cluster:
+    """One group (one link) with mixed fast memory, capacity and compute per device."""
+    topo = Topology(
+        (tuple(range(devices)),),
+        ("h",),
+        ((float(rng.choice([1.0, 3.0])), 0.0),),
+        fast_memory=tuple(float(rng.choice([4.0, 8.0, math.inf])) for _ in range(devices)),
+        capacity=tuple(
+            None if rng.random() < 0.5 else float(rng.integers(8, 20)) for _ in range(devices)
+        ),
+        compute=tuple(float(rng.choice([1.0, 2.0])) for _ in range(devices)),
+    )
+    return Cluster("host", devices, compute=1.0, slow_memory_bandwidth=2.0, topology=topo)
+
+
+def best_slicing_by_brute_force(g: Graph, c: Cluster, order: np.ndarray, seq) -> float:
+    """The least evaluator objective over every slicing of ``order`` into len(seq) ordered
+    (possibly empty) blocks, block b on seq[b]."""
+    k, best = len(seq), math.inf
+    for cuts in itertools.combinations_with_replacement(range(g.n + 1), k - 1):
+        ends = [0, *cuts, g.n]
+        a = np.empty(g.n, dtype=np.int64)
+        for b in range(k):
+            a[order[ends[b] : ends[b + 1]]] = b
+        if not validate(g, c, a, k=k, placement=seq):
+            best = min(best, evaluate(g, c, a, k=k, placement=seq).objective)
+    return best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_slicing_on_a_device_sequence_is_exact_against_brute_force(seed):
+    from solver.heuristics.orders import priority_order
+    from solver.heuristics.slicing import slice_order
+
+    rng = np.random.default_rng(seed)
+    g = random_graph(rng, int(rng.integers(3, 8)))
+    c = one_host(rng, 4)
+    seq = rng.permutation(4)[: int(rng.integers(2, 5))]
+    order = priority_order(g, rng.random(g.n))
+    val, a = slice_order(g, c, order, devices=seq)
+    want = best_slicing_by_brute_force(g, c, order, seq)
+    if math.isinf(want):
+        assert a is None and math.isinf(val)
+        return
+    assert validate(g, c, a, k=len(seq), placement=seq) == []
+    assert val == evaluate(g, c, a, k=len(seq), placement=seq).objective
+    assert val == pytest.approx(want, rel=1e-9)
+    # the cheap rejection agrees: nothing at most just below the optimum, the optimum at it
+    assert slice_order(g, c, order, devices=seq, upper=want * (1 - 1e-6))[1] is None
+    assert slice_order(g, c, order, devices=seq, upper=want)[0] == pytest.approx(want)
+
+
+def test_scaled_linear_partition_is_exact_against_brute_force():
+    from solver.heuristics.slicing import linear_partition
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        w = rng.integers(0, 9, int(rng.integers(1, 8))).astype(float)
+        scale = rng.choice([1.0, 2.0, 3.0], 3)
+        parts = linear_partition(w, 3, scale)
+        assert np.all(np.diff(parts) >= 0)
+        got = max(w[parts == j].sum() / scale[j] for j in range(3))
+        want = min(
+            max(w[e[j] : e[j + 1]].sum() / scale[j] for j in range(3))
+            for cuts in itertools.combinations_with_replacement(range(len(w) + 1), 2)
+            for e in [(0, *cuts, len(w))]
+        )
+        assert got == pytest.approx(want, rel=1e-9)
+
+
+def chain_with_weights(n: int, work: float = 1.0) -> Graph:
+    """A chain of n nodes, equal work, each with its own 10-byte weight, 1-byte tensors."""
+    return Graph.build(
+        [f"v{i}" for i in range(n)],
+        [work] * n,
+        [1.0] * n,
+        [(i, i + 1) for i in range(n - 1)],
+        params=[(f"p{i}", 10.0, [i]) for i in range(n)],
+        name="chain",
+    )
+
+
+def per_device(plan, values: np.ndarray) -> dict[int, float]:
+    return {int(d): float(values[b]) for b, d in enumerate(plan.placement)}
+
+
+def test_params_baseline_gives_twice_the_bytes_to_devices_with_twice_the_memory():
+    g = chain_with_weights(60)  # 600 bytes of weights
+    topo = Topology(((0, 1, 2, 3),), ("h",), ((1e6, 0.0),), capacity=(200, 400, 200, 400))
+    c = Cluster("mem", 4, compute=1.0, link_bandwidth=1e6, topology=topo)
+    plan = solve(g, c, "params", SolveOptions(time_limit=5.0, workers=1))
+    ev = evaluate(g, c, plan.assignment, placement=plan.placement)
+    held = per_device(plan, ev.params)
+    assert sum(held.values()) == 600
+    # shares 1:2:1:2 of 600 bytes in 10-byte steps: 100 and 200, give or take one weight
+    assert all(abs(held[d] - 100) <= 10 for d in (0, 2))
+    assert all(abs(held[d] - 200) <= 10 for d in (1, 3))
+    assert plan.stats["planned_on"] == "device sequence"
+    assert validate(g, c, plan.assignment, placement=plan.placement) == []
+
+
+def test_time_baseline_gives_the_fast_devices_proportionally_more_work():
+    g = chain_with_weights(60)
+    topo = Topology(((0, 1, 2, 3),), ("h",), ((1e6, 0.0),), compute=(1.0, 1.0, 2.0, 2.0))
+    c = Cluster("speed", 4, compute=1.0, link_bandwidth=1e6, topology=topo)
+    plan = solve(g, c, "time", SolveOptions(time_limit=5.0, workers=1))
+    ref = np.bincount(plan.assignment, weights=g.work, minlength=4)  # reference seconds
+    work = per_device(plan, ref)
+    assert all(abs(work[d] - 10) <= 1 for d in (0, 1))  # 60 s of work in shares 1:1:2:2
+    assert all(abs(work[d] - 20) <= 1 for d in (2, 3))
+    ev = evaluate(g, c, plan.assignment, placement=plan.placement)
+    assert plan.objective == ev.objective
+    assert plan.objective <= 10.0 + 1e-3 + 1e-9  # every device busy about 10 s
+    # uniform stays by operator count: 15 operators on every device
+    uni = solve(g, c, "uniform", SolveOptions(time_limit=5.0, workers=1))
+    assert np.bincount(uni.assignment, minlength=4).tolist() == [15] * 4
+
+
+def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_better():
+    from solver.methods import _flat_then_place, run_slicegraph
+
+    rng = np.random.default_rng(3)
+    opts = SolveOptions(time_limit=5.0, workers=1)
+    better = 0
+    for _ in range(8):
+        g = random_graph(rng, 9)
+        c = random_cluster(rng, 4) if rng.random() < 0.5 else one_host(rng, 4)
+        try:
+            flat = _flat_then_place(run_slicegraph, g, c, 4, opts)
+        except MtppError:
+            flat = None
+        plan = run_slicegraph.on_devices(g, c, opts) if flat is not None else None
+        if flat is None or plan is None:
+            continue
+        assert validate(g, c, plan.assignment, placement=plan.placement) == []
+        assert plan.objective == evaluate(g, c, plan.assignment, placement=plan.placement).objective
+        assert plan.objective <= flat.objective
+        better += plan.objective < flat.objective * (1 - 1e-9)
+    assert better >= 1
+
+
+@pytest.mark.parametrize("method", ["slicegraph", "poprt", "params"])
+def test_plans_that_only_a_proportional_split_fits_are_found(method):
+    """600 weight bytes on devices of capacity 120, 320, 120, 320: an equal split (150 each)
+    fits no placement, so the flat view is refused; planning against the devices is not."""
+    from solver.methods import METHODS, _flat_then_place
+
+    g = chain_with_weights(60)
+    topo = Topology(((0, 1, 2, 3),), ("h",), ((1e6, 0.0),), capacity=(120, 320, 120, 320))
+    c = Cluster("mem", 4, compute=1.0, link_bandwidth=1e6, topology=topo)
+    opts = SolveOptions(time_limit=5.0, workers=1)
+    with pytest.raises(MtppError, match="no placement of them"):
+        _flat_then_place(METHODS[method], g, c, 4, opts)
+    plan = solve(g, c, method, opts)
+    assert validate(g, c, plan.assignment, placement=plan.placement) == []
+    assert plan.objective == evaluate(g, c, plan.assignment, placement=plan.placement).objective
+    held = per_device(plan, evaluate(g, c, plan.assignment, placement=plan.placement).params)
+    assert min(held[1], held[3]) > max(held[0], held[2])  # the big devices hold more
+    if method == "slicegraph":  # 11 + 19 + 11 + 19 nodes: the small devices are full
+        assert plan.objective == pytest.approx(19.0, rel=1e-5)

@@ -39,8 +39,13 @@ def brkga(
     opts: BrkgaOptions,
     seeds: list[np.ndarray] = (),
     on_improve=None,
+    sequences: list[np.ndarray] | None = None,
 ) -> tuple[float, np.ndarray | None, dict]:
     """Best (bottleneck, assignment) over the decoded orders, and search statistics.
+
+    With ``sequences`` (device sequences of a heterogeneous cluster) every order is sliced
+    against each sequence (:func:`~solver.heuristics.slicing.slice_order` with ``devices``)
+    and the best is kept; the statistics then hold its sequence as ``"devices"``.
 
     ``seeds`` are orders to inject into the first population (as keys = their positions);
     ``on_improve(best, elapsed)`` is called whenever the best slicing improves. The search
@@ -59,24 +64,29 @@ def brkga(
         keys[order] = np.arange(g.n) / g.n
         pop[i] = keys
     best_val, best_a = math.inf, None
+    best_dev: list[int] | None = None
     decodes = 0
 
     def decode(keys: np.ndarray) -> float:
-        nonlocal best_val, best_a, decodes, timed_out
+        nonlocal best_val, best_a, best_dev, decodes, timed_out
         elapsed = time.perf_counter() - t0
         if timed_out or (decodes >= 1 and elapsed * (decodes + 1) / decodes > opts.time_limit):
             return math.inf  # another decode would overrun: leave the rest unevaluated
         decodes += 1
         upper = 2 * best_val if math.isfinite(best_val) else math.inf
+        order = priority_order(g, keys)
+        val, a, dev = math.inf, None, None
         try:
-            val, a = slice_order(
-                g, cluster, priority_order(g, keys), upper=upper, deadline=deadline
-            )
+            for seq in [None] if sequences is None else sequences:
+                v, b = slice_order(g, cluster, order, upper=upper, deadline=deadline, devices=seq)
+                if b is not None and v < val:
+                    val, a, dev = v, b, seq
         except SliceTimeout:
             timed_out = True
             return math.inf
         if a is not None and val < best_val:
             best_val, best_a = val, a
+            best_dev = None if dev is None else [int(d) for d in dev]
             if on_improve is not None:
                 on_improve(best_val, time.perf_counter() - t0)
         return val
@@ -110,5 +120,6 @@ def brkga(
             "generations": done,
             "seconds": round(time.perf_counter() - t0, 3),
             "time_limit_reached": timed_out,
-        },
+        }
+        | ({} if best_dev is None else {"devices": best_dev}),
     )

@@ -19,6 +19,11 @@
    usable memory for activations (PopRT lowers ``available_memory_proportion`` to 0.3, then
    0.1; here: only that share of each op's working set counts against the memory limit).
 
+On a device sequence of a heterogeneous cluster (``devices``: group j runs on devices[j])
+the first split gives each group bytes in proportion to its device's capacity (else fast
+memory), each group's memory limit is its own device's, FLOPs are balanced per unit of device
+speed, and groupings are priced with that placement.
+
 Where the published code deviates from its documentation, the documented intent is followed:
 parallel subgraphs are those with no ancestor relation at any depth (the code looks one level
 up only, because a set-union result is discarded).
@@ -160,8 +165,14 @@ def _bitset(mask: np.ndarray) -> int:
     return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
-def first_split(sg: Subgraphs, k: int) -> tuple[int, ...]:
-    """Group of every subgraph: close a group when the running bytes reach total / k."""
+def first_split(
+    sg: Subgraphs, k: int, memory: np.ndarray | None = None, speed: np.ndarray | None = None
+) -> tuple[int, ...]:
+    """Group of every subgraph: close a group when the running bytes reach total / k (with
+    per-group ``memory``: their share of the total up to that group; without parameters,
+    FLOPs the same way, with per-group ``speed``)."""
+    if memory is not None or speed is not None:
+        return _proportional_split(sg, k, memory, speed)
     total = float(sg.bytes.sum())
     target = total / k if total > 0 else 0.0
     groups, grp, run = [], 0, 0.0
@@ -176,12 +187,53 @@ def first_split(sg: Subgraphs, k: int) -> tuple[int, ...]:
     return tuple(groups)
 
 
+def _proportional_split(
+    sg: Subgraphs, k: int, memory: np.ndarray | None, speed: np.ndarray | None
+) -> tuple[int, ...]:
+    """:func:`first_split` with group j's share proportional to memory[j] (or speed[j])."""
+    weights, share = sg.bytes, memory
+    if float(sg.bytes.sum()) == 0:
+        weights, share = sg.flops, speed
+    share = np.ones(k) if share is None else np.asarray(share, dtype=np.float64)
+    total = float(weights.sum())
+    ends = total * np.cumsum(share) / share.sum()  # running sum at which group j closes
+    groups, grp, run = [], 0, 0.0
+    for s in range(len(sg.nodes)):
+        groups.append(grp)
+        run += float(weights[s])
+        while grp < k - 1 and total > 0 and run >= ends[grp] * (1 - 1e-12):
+            grp += 1
+    return tuple(groups)
+
+
 class _Search:
-    def __init__(self, g: Graph, cluster: Cluster, sg: Subgraphs, opts: PoprtOptions):
+    def __init__(
+        self,
+        g: Graph,
+        cluster: Cluster,
+        sg: Subgraphs,
+        opts: PoprtOptions,
+        devices: np.ndarray | None = None,
+    ):
         self.g, self.cluster, self.sg, self.opts = g, cluster, sg, opts
         self.k = cluster.devices
         self.limit = cluster.capacity if cluster.capacity is not None else cluster.fast_memory
+        self.devices, self.speed, self.share = None, None, None
+        if devices is not None and not cluster.homogeneous:
+            self.devices = np.asarray(devices, dtype=np.int64)
+            self.k = len(self.devices)
+            memory, capacity, compute = cluster.device_arrays()
+            cap = capacity[self.devices]
+            self.limit = np.where(np.isfinite(cap), cap, memory[self.devices])
+            self.speed = compute[self.devices] / cluster.compute
+            finite = self.limit[np.isfinite(self.limit)]
+            if len(finite):
+                self.share = np.where(np.isfinite(self.limit), self.limit, finite.max())
         self.t0 = time.perf_counter()
+
+    def objective(self, grouping: tuple[int, ...]) -> float:
+        a = self.assignment(grouping)
+        return evaluate(self.g, self.cluster, a, self.k, placement=self.devices).objective
 
     def out_of_time(self) -> bool:
         return time.perf_counter() - self.t0 > self.opts.time_limit
@@ -194,11 +246,14 @@ class _Search:
         return bool(np.all(a[self.g.e_src] <= a[self.g.e_dst]))
 
     def memory(self, grouping, share: float) -> np.ndarray:
-        ev = evaluate(self.g, self.cluster, self.assignment(grouping))
+        a = self.assignment(grouping)
+        ev = evaluate(self.g, self.cluster, a, self.k, placement=self.devices)
         return ev.params + share * ev.peak
 
     def group_flops(self, grouping) -> np.ndarray:
-        return np.bincount(np.asarray(grouping), weights=self.sg.flops, minlength=self.k)
+        """FLOPs of every group (per unit of device speed on a device sequence)."""
+        fl = np.bincount(np.asarray(grouping), weights=self.sg.flops, minlength=self.k)
+        return fl if self.speed is None else fl / self.speed
 
     def moves(self, grouping, src: int, load: np.ndarray, balance: bool) -> list[tuple[int, ...]]:
         """One move per boundary subgraph of group ``src``, to its least loaded allowed target."""
@@ -237,7 +292,10 @@ class _Search:
     def run(self, share: float) -> tuple[tuple[int, ...] | None, tuple[int, ...], dict]:
         """(best feasible grouping or None, grouping with the smallest excess, stats)."""
         opts = self.opts
-        start = first_split(self.sg, self.k)
+        if self.devices is None:
+            start = first_split(self.sg, self.k)
+        else:
+            start = first_split(self.sg, self.k, self.share, self.speed)
         queue, seen = [start], {start}
         feasible: list[tuple[float, tuple[int, ...]]] = []
         least_excess = (math.inf, start)
@@ -259,7 +317,7 @@ class _Search:
                 for src in np.flatnonzero(excess > 0):
                     children += self.moves(grouping, int(src), bytes_load, balance=False)
             else:
-                obj = evaluate(self.g, self.cluster, self.assignment(grouping)).objective
+                obj = self.objective(grouping)
                 feasible.append((obj, grouping))
                 feasible.sort()
                 del feasible[opts.keep_best :]
@@ -277,13 +335,17 @@ class _Search:
         return (feasible[0][1] if feasible else None), least_excess[1], stats
 
 
-def poprt(g: Graph, cluster: Cluster, opts: PoprtOptions | None = None):
+def poprt(
+    g: Graph, cluster: Cluster, opts: PoprtOptions | None = None, devices: np.ndarray | None = None
+):
     """PopRT auto-sharding on graph ``g``: (assignment, info) where info has the sharding
-    nodes per device, the memory share that was needed, and search statistics."""
+    nodes per device, the memory share that was needed, and search statistics. With
+    ``devices`` (a device sequence of a heterogeneous cluster) group j is planned for
+    ``devices[j]`` (module docstring)."""
     opts = opts or PoprtOptions()
     t0 = time.perf_counter()
     sg = build_subgraphs(g)
-    search = _Search(g, cluster, sg, opts)
+    search = _Search(g, cluster, sg, opts, devices)
     search.t0 = t0  # the time limit covers building the subgraphs too
     grouping, stats = None, {}
     fallback = None
@@ -299,7 +361,7 @@ def poprt(g: Graph, cluster: Cluster, opts: PoprtOptions | None = None):
     info = {
         "subgraphs": len(sg.nodes),
         "candidates": sum(c is not None for c in sg.candidate),
-        "sharding_nodes": sharding_nodes(g, sg, grouping, cluster.devices),
+        "sharding_nodes": sharding_nodes(g, sg, grouping, search.k),
         **stats,
     }
     return a, info

@@ -22,12 +22,21 @@ The DP is quadratic in the node count when k is small (a window spans about n / 
 it checks the clock every few hundred rows and raises :class:`SliceTimeout` past ``deadline``;
 k = 1 needs no DP at all (one block holds every node). At most n blocks can be non-empty, so the
 tables have min(k, n) + 1 rows: :func:`slice_table_bytes` says how much they need.
+
+With a device sequence d_0..d_{k-1} (``devices``; block b runs on d_b, on a heterogeneous
+cluster) each block prices its segment with d_b's compute, fast memory and capacity, and its
+received (sent) bytes at the link from d_{b-1} (to d_{b+1}). This is exact for the sequence
+when the links between its devices are all alike (one group, or one link class); otherwise a
+transfer between non-adjacent blocks, or a multicast over several link classes, is priced
+approximately. Either way the returned value is the evaluator's
+(:func:`solver.cost.evaluate` with ``placement`` = the sequence).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +45,36 @@ from solver.cost import evaluate, validate
 from solver.graph import Graph
 
 CLOCK_EVERY = 256  # DP rows between two looks at the clock
+
+
+@dataclass(frozen=True)
+class _Devices:
+    """Per block b of a device sequence: speed (compute / reference), fast memory, capacity
+    (inf: none), and the bandwidth of the links it receives from and sends to."""
+
+    speed: np.ndarray
+    memory: np.ndarray
+    capacity: np.ndarray
+    bw_in: np.ndarray
+    bw_out: np.ndarray
+
+
+def _device_terms(cluster: Cluster, devices: np.ndarray) -> _Devices:
+    memory, capacity, compute = cluster.device_arrays()
+    k = len(devices)
+    if k > 1:
+        bw, _ = cluster.link_arrays(devices[:-1], devices[1:])
+        bw_in = np.concatenate([[bw[0]], bw])
+        bw_out = np.concatenate([bw, [bw[-1]]])
+    else:
+        bw_in = bw_out = np.full(1, cluster.link_bandwidth)
+    return _Devices(
+        speed=compute[devices] / cluster.compute,
+        memory=memory[devices].astype(np.float64),
+        capacity=capacity[devices] * (1 + 1e-12),
+        bw_in=np.asarray(bw_in, dtype=np.float64),
+        bw_out=np.asarray(bw_out, dtype=np.float64),
+    )
 
 
 class SliceTimeout(Exception):
@@ -74,19 +113,20 @@ class _Intervals:
         return self.base + np.cumsum(self.D[lo:e])
 
 
-def _tensor_intervals(e: int, P: int, minq: int, maxq: int, mq: int) -> list[tuple[int, int]]:
-    """Starts s (inclusive ranges) whose segment [s, e) pays this tensor's io."""
-    out: list[tuple[int, int]] = []
+def _tensor_intervals(e: int, P: int, minq: int, maxq: int, mq: int) -> list[tuple[int, int, bool]]:
+    """Starts s (inclusive ranges) whose segment [s, e) pays this tensor's io, each with
+    True when the segment receives the tensor and False when it sends it."""
+    out: list[tuple[int, int, bool]] = []
     if e <= P:  # producer beyond the segment end: received when a consumer is inside
         if mq >= 0:
-            out.append((0, mq))
+            out.append((0, mq, True))
         return out
     if maxq >= e:  # a consumer beyond the end: sent whenever the producer is inside
-        out.append((0, P))
+        out.append((0, P, False))
     elif minq + 1 <= P:  # consumers before the producer (data-only edges)
-        out.append((minq + 1, P))
+        out.append((minq + 1, P, False))
     if mq >= P + 1:  # producer before the start, a consumer inside
-        out.append((P + 1, mq))
+        out.append((P + 1, mq, True))
     return out
 
 
@@ -97,14 +137,21 @@ def slice_order(
     k: int | None = None,
     upper: float = math.inf,
     deadline: float = math.inf,
+    devices: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray | None]:
     """Best slicing of ``order`` into at most k contiguous blocks.
+
+    With ``devices`` (a sequence of distinct devices of a heterogeneous ``cluster``; k is its
+    length) block b is priced on ``devices[b]`` (module docstring) and the value returned is
+    the evaluator's with that placement. On a homogeneous cluster ``devices`` is ignored.
 
     Returns (bottleneck, assignment), or (inf, None) when no slicing fits the capacity. With a
     finite ``upper``, returns (inf, None) as soon as it is clear that no slicing costs at most
     ``upper`` (a cheap rejection for searches that only want improvements). Raises
     :class:`SliceTimeout` when ``time.perf_counter()`` passes ``deadline``.
     """
+    if devices is not None and not cluster.homogeneous:
+        return _slice_on_devices(g, cluster, order, np.asarray(devices), upper, deadline)
     k = cluster.devices if k is None else k
     k = min(k, g.n)  # at most n blocks can be non-empty
     order = np.asarray(order, dtype=np.int64)
@@ -129,6 +176,46 @@ def slice_order(
         lim = min(val if a is not None else 2 * lim, total) if lim > 0 else total
 
 
+def _slice_on_devices(
+    g: Graph,
+    cluster: Cluster,
+    order: np.ndarray,
+    devices: np.ndarray,
+    upper: float,
+    deadline: float,
+) -> tuple[float, np.ndarray | None]:
+    """:func:`slice_order` with block b on ``devices[b]`` (see there)."""
+    devices = np.asarray(devices, dtype=np.int64)  # all of them: blocks may be empty
+    k = len(devices)
+    order = np.asarray(order, dtype=np.int64)
+
+    def priced(a: np.ndarray | None) -> tuple[float, np.ndarray | None]:
+        if a is None or any(
+            v.kind == "capacity" for v in validate(g, cluster, a, k=k, placement=devices)
+        ):
+            return math.inf, None
+        val = evaluate(g, cluster, a, k=k, placement=devices).objective
+        return (val, a) if val <= upper * (1 + 1e-9) else (math.inf, None)
+
+    if k <= 1:
+        return priced(np.zeros(g.n, dtype=np.int64))
+    dv = _device_terms(cluster, devices)
+    smax = float(dv.speed.max())
+    W = np.concatenate([[0.0], np.cumsum(g.work[order])])
+    total = float(W[-1])
+    if math.isfinite(upper):
+        _, a = _slice(g, cluster, order, k, upper * (1 + 1e-9), W, deadline, dv)
+        return priced(a)
+    # as in slice_order: a segment with f <= lim has reference work <= lim * (largest speed)
+    lim = max(1.5 * total / float(dv.speed.sum()), float(g.work.max(initial=0.0)) / smax)
+    while True:
+        val, a = _slice(g, cluster, order, k, lim * (1 + 1e-9), W, deadline, dv)
+        if (a is not None and val <= lim * (1 + 1e-9)) or lim * smax >= total:
+            return priced(a)
+        full = total / smax
+        lim = min(val if a is not None else 2 * lim, full) if lim > 0 else full
+
+
 def _slice(
     g: Graph,
     cluster: Cluster,
@@ -137,8 +224,10 @@ def _slice(
     lim: float,
     W: np.ndarray,
     deadline: float = math.inf,
+    dv: _Devices | None = None,
 ) -> tuple[float, np.ndarray | None]:
-    """One DP pass considering only segments whose work is at most ``lim``."""
+    """One DP pass considering only segments whose cost is at most ``lim`` (on the
+    reference device: whose work is at most ``lim``); ``dv`` prices block b on device b."""
     n = g.n
     timed = math.isfinite(deadline)
     pos = np.empty(n, dtype=np.int64)
@@ -165,13 +254,16 @@ def _slice(
     ev_q = np.concatenate([np.full(len(live), -1), qpos[keep_pair]])
     srt = np.lexsort((ev_t, ev_e))
     ev_e, ev_t, ev_q = ev_e[srt].tolist(), ev_t[srt].tolist(), ev_q[srt].tolist()
-    io = (g.t_size / B).tolist()
+    io = (g.t_size / B if dv is None else g.t_size).tolist()
     P_l, minq_l, maxq_l = P.tolist(), minq.tolist(), maxq.tolist()
     mq = [-1] * g.num_tensors
     cur: dict[int, list[tuple[int, int]]] = {}
 
     # ---- parameter events: a weight counts for starts <= its last user before e
-    use_mem = math.isfinite(M) or math.isfinite(cap)
+    if dv is None:
+        use_mem = math.isfinite(M) or math.isfinite(cap)
+    else:
+        use_mem = bool(np.isfinite(dv.memory).any() or np.isfinite(dv.capacity).any())
     pv_e, pv_p, pv_u = [], [], []
     if use_mem and g.num_params:
         upos = pos[g.p_users]
@@ -183,10 +275,13 @@ def _slice(
     mu = [-1] * g.num_params
 
     D_io = _Intervals(n)
+    D_in = D_io if dv is None else _Intervals(n)  # received bytes (device sequences)
     D_par = _Intervals(n)
     best = np.full((k + 1, n + 1), math.inf)
     parent = np.zeros((k + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0
+    if dv is not None:
+        best[:, 0] = 0.0  # leading blocks may be empty on a device sequence
     ie = ip = 0
     n_ev, n_pv = len(ev_e), len(pv_e)
     for e in range(1, n + 1):
@@ -200,10 +295,10 @@ def _slice(
             old = cur.get(t, [])
             if new != old:
                 w = io[t]
-                for a, b in old:
-                    D_io.add(a, b, -w)
-                for a, b in new:
-                    D_io.add(a, b, w)
+                for a, b, rec in old:
+                    (D_in if rec else D_io).add(a, b, -w)
+                for a, b, rec in new:
+                    (D_in if rec else D_io).add(a, b, w)
                 cur[t] = new
             ie += 1
         while ip < n_pv and pv_e[ip] == e:
@@ -213,6 +308,23 @@ def _slice(
             D_par.add(0, u, psize[p])
             mu[p] = u
             ip += 1
+        if dv is not None:
+            lo = int(np.searchsorted(W, W[e] - lim * float(dv.speed.max()), side="left"))
+            lo = min(lo, e - 1)
+            f = _device_row(dv, W[e] - W[lo:e], D_in.row(lo, e), D_io.row(lo, e))
+            if use_mem:
+                mem = D_par.row(lo, e) + np.maximum.accumulate(act[lo:e][::-1])[::-1]
+                f = f + np.maximum(0.0, mem[None, :] - dv.memory[:, None]) / Bm
+                f[mem[None, :] > dv.capacity[:, None]] = math.inf
+            cand = np.maximum(best[:k, lo:e], f)
+            arg = cand.argmin(axis=1)
+            best[1:, e] = cand[np.arange(k), arg]
+            parent[1:, e] = lo + arg
+            # an empty block leaves its device idle: block j may also end where j - 1 did
+            acc = np.minimum.accumulate(best[:, e])
+            parent[acc < best[:, e], e] = e
+            best[:, e] = acc
+            continue
         lo = int(np.searchsorted(W, W[e] - lim, side="left"))
         lo = min(lo, e - 1)
         f = (W[e] - W[lo:e]) + D_io.row(lo, e)
@@ -238,16 +350,29 @@ def _slice(
     return val, a
 
 
-def linear_partition(weights: np.ndarray, k: int) -> np.ndarray:
+def _device_row(dv: _Devices, work: np.ndarray, recv: np.ndarray, sent: np.ndarray) -> np.ndarray:
+    """Segment costs without memory, one row per block of the device sequence (k x starts)."""
+    return (
+        work[None, :] / dv.speed[:, None]
+        + recv[None, :] / dv.bw_in[:, None]
+        + sent[None, :] / dv.bw_out[:, None]
+    )
+
+
+def linear_partition(weights: np.ndarray, k: int, scale: np.ndarray | None = None) -> np.ndarray:
     """Split ``weights`` into at most k contiguous parts minimising the largest sum (exact).
 
     Binary search over the value with a greedy feasibility check (non-negative weights).
-    Returns the part index of every element.
+    Returns the part index of every element. With ``scale`` (k positive numbers) part j's sum
+    is divided by ``scale[j]`` (parts in proportion to device speed or memory); parts may then
+    be empty.
     """
     w = np.asarray(weights, dtype=np.float64)
     n = len(w)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
+    if scale is not None:
+        return _scaled_partition(w, np.asarray(scale, dtype=np.float64)[:k])
     P = np.concatenate([[0.0], np.cumsum(w)])
 
     def parts(limit: float) -> np.ndarray | None:
@@ -267,6 +392,42 @@ def linear_partition(weights: np.ndarray, k: int) -> np.ndarray:
 
     lo, hi = float(w.max()), float(P[-1])
     for _ in range(100):
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+        mid = (lo + hi) / 2
+        if parts(mid) is not None:
+            hi = mid
+        else:
+            lo = mid
+    res = parts(hi)
+    assert res is not None
+    return res
+
+
+def _scaled_partition(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """:func:`linear_partition` minimising max_j (sum of part j) / scale[j], parts in order.
+
+    For a value T part j greedily takes the longest prefix of what is left with sum at most
+    T * scale[j]; that is optimal for T (exchange argument), and T is found by bisection.
+    """
+    n, k = len(w), len(scale)
+    P = np.concatenate([[0.0], np.cumsum(w)])
+    tol = 1 + 1e-12
+
+    def parts(limit: float) -> np.ndarray | None:
+        out = np.empty(n, dtype=np.int64)
+        start = 0
+        for j in range(k):
+            end = int(np.searchsorted(P, P[start] + limit * scale[j] * tol, side="right")) - 1
+            end = max(end, start)
+            out[start:end] = j
+            start = end
+            if start >= n:
+                return out
+        return None
+
+    lo, hi = float(w.max()) / float(scale.max()), float(P[-1]) / float(scale.min())
+    for _ in range(200):
         if hi - lo <= 1e-12 * max(1.0, hi):
             break
         mid = (lo + hi) / 2
