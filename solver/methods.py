@@ -224,11 +224,18 @@ def _members(labels: np.ndarray, L: int) -> np.ndarray:
 
 
 def _finish(
-    g: Graph, cluster: Cluster, a: np.ndarray, method: str, t0: float, stats: dict | None = None
+    g: Graph,
+    cluster: Cluster,
+    a: np.ndarray,
+    method: str,
+    t0: float,
+    stats: dict | None = None,
+    placement: np.ndarray | None = None,
 ) -> Plan:
-    """Wrap a heuristic assignment: order/co-location errors are bugs; a plan that breaks the
-    device capacity is refused with the reason, as the exact methods refuse it."""
-    bad = validate(g, cluster, a)
+    """Wrap a heuristic assignment (block b on device ``placement[b]``, default b): order and
+    co-location errors are bugs; a plan that breaks the device capacity is refused with the
+    reason, as the exact methods refuse it."""
+    bad = validate(g, cluster, a, placement=placement)
     hard = [v for v in bad if v.kind != "capacity"]
     if hard:
         raise AssertionError(f"{method} produced an invalid plan: {hard[0]}")
@@ -248,6 +255,7 @@ def _finish(
         wall_seconds=time.perf_counter() - t0,
         stats=stats,
         check=False,
+        placement=placement,
     )
 
 
@@ -592,7 +600,7 @@ run_poprt.on_devices = _poprt_on_devices
 
 def run_manual(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
     """Manual sharding points from a YAML file (``--sharding FILE``)."""
-    from solver.heuristics.manual import manual_assignment, read_sharding
+    from solver.heuristics.manual import manual_assignment, read_sharding, stages_are_devices
 
     t0 = time.perf_counter()
     path = opts.extra.get("sharding")
@@ -607,7 +615,10 @@ def run_manual(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
             f"{path}: the sharding uses {need} devices but the cluster has {cluster.devices}; "
             f"pass --devices {need}"
         )
-    return _finish(g, cluster, device, "manual", t0, {"stages": stage.tolist()})
+    placement = stages_are_devices(device, stage)  # None: the block is the device
+    if placement is None:
+        return _finish(g, cluster, device, "manual", t0, {"stages": stage.tolist()})
+    return _finish(g, cluster, stage, "manual", t0, {"stages": stage.tolist()}, placement)
 
 
 def run_idealdp(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:

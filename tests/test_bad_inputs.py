@@ -519,13 +519,24 @@ def test_plan_claiming_an_integer_too_large_for_a_float(key, graph, tmp_path, ca
 
 
 def test_manual_sharding_with_devices_out_of_pipeline_order(graph, tmp_path, capsys):
-    """Stages in order but devices backwards: refused by name, not an internal error."""
+    """Devices backwards inside one stage (so stages and devices do not correspond one to
+    one): refused by name, not an internal error. With one device per stage the file is a
+    placed plan (PopRT's meaning: the stage is the pipeline position, the device the IPU) and
+    is accepted."""
     s = write(
-        tmp_path, "s.yaml", "- {node: a, device: 1, stage: 0}\n- {node: b, device: 0, stage: 1}\n"
+        tmp_path, "s.yaml", "- {node: a, device: 1, stage: 0}\n- {node: b, device: 0, stage: 0}\n"
     )
     match = r"'b' \(device 0\) consumes 'a' from the later device 1; number the devices"
     assert_refused(capsys, ["solve", graph, "-m", "manual", "--sharding", s], match, tmp_path)
     assert_refused(capsys, ["evaluate", graph, s], match, watch=tmp_path)
+    placed = write(
+        tmp_path, "p.yaml", "- {node: a, device: 1, stage: 0}\n- {node: b, device: 0, stage: 1}\n"
+    )
+    argv = ["solve", graph, "-m", "manual", "--sharding", placed, "-k", "2", "--json"]
+    assert main([str(x) for x in argv]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"] == [1, 0]
+    assert out["assignment"]["a"] == 0
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ device). From each point, in topological order, every not-yet-assigned ancestor 
 itself) gets that device and stage; nodes left unassigned get (largest device + 1, largest
 stage + 1). Several points may share a device (parallel branches). The block of a node in the
 plan is its device; a tensor consumed in an earlier stage, or on an earlier device, than the one
-producing it is refused (the devices must be numbered in pipeline order).
+producing it is refused (the devices must be numbered in pipeline order). When stages and
+devices correspond one to one (the file ``mtpp export`` writes for a plan with a placement),
+the block is the stage and the device its placement.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def manual_assignment(g: Graph, points: list[ShardPoint]) -> tuple[np.ndarray, n
             f"manual sharding: {g.names[v]!r} (stage {stage[v]}) consumes {g.names[u]!r} from "
             f"the later stage {stage[u]}; a tensor must never go to an earlier stage"
         )
+    if stages_are_devices(device, stage) is not None:
+        return device, stage  # blocks are the stages, on their devices (a placed plan)
     bad = np.flatnonzero(device[g.e_src] > device[g.e_dst])
     if len(bad):
         u, v = int(g.e_src[bad[0]]), int(g.e_dst[bad[0]])
@@ -64,3 +68,27 @@ def manual_assignment(g: Graph, points: list[ShardPoint]) -> tuple[np.ndarray, n
             f"the later device {device[u]}; number the devices in pipeline order"
         )
     return device, stage
+
+
+def stages_are_devices(device: np.ndarray, stage: np.ndarray) -> np.ndarray | None:
+    """The device of each stage 0..S-1 when stages and devices correspond one to one (each
+    stage on its own device, stages numbered 0..S-1) and differ from the devices somewhere, as
+    in the sharding.yaml that ``mtpp export`` writes for a plan with a placement; else None.
+
+    >>> stages_are_devices(np.array([2, 2, 0]), np.array([0, 0, 1])).tolist()
+    [2, 0]
+    >>> stages_are_devices(np.array([0, 1]), np.array([0, 1])) is None  # the plain numbering
+    True
+    """
+    pairs = set(zip(stage.tolist(), device.tolist(), strict=True))
+    stages = sorted({s for s, _ in pairs})
+    if stages != list(range(len(stages))) or len(pairs) != len(stages):
+        return None
+    if len({d for _, d in pairs}) != len(pairs):
+        return None
+    placement = np.empty(len(stages), dtype=np.int64)
+    for s, d in pairs:
+        placement[s] = d
+    if np.array_equal(placement, np.arange(len(stages))):
+        return None
+    return placement
