@@ -294,36 +294,12 @@ def run_baseline(what: str) -> Callable[[Graph, Cluster, SolveOptions], Plan]:
                 best = (val, a, seq)
         if best is None:
             return _flat_then_place(run, g, cluster, k, opts)
-        return _placed(g, cluster, best[1], best[2], what, t0, {"planned_on": "device sequence"})
+        stats = {"planned_on": "device sequence"}
+        return _finish(g, cluster, best[1], what, t0, stats, np.asarray(best[2], dtype=np.int64))
 
     run.__doc__ = f"Contiguous split of a topological order balanced by {what}."
     run.on_devices = on_devices
     return run
-
-
-def _placed(
-    g: Graph,
-    cluster: Cluster,
-    a: np.ndarray,
-    devices: np.ndarray,
-    method: str,
-    t0: float,
-    stats: dict,
-) -> Plan:
-    """A valid heuristic assignment with its device sequence as a FEASIBLE plan carrying the
-    universal bound of ``cluster``."""
-    return make_plan(
-        g,
-        cluster,
-        a,
-        method,
-        lower_bound=lower_bound(g, cluster),
-        status=FEASIBLE,
-        wall_seconds=time.perf_counter() - t0,
-        stats=stats,
-        check=False,
-        placement=np.asarray(devices, dtype=np.int64),
-    )
 
 
 def quick_assignment(
@@ -459,7 +435,8 @@ def _slicegraph_on_devices(g: Graph, cluster: Cluster, opts: SolveOptions) -> Pl
         if moved.devices is not None and moved.objective < val:
             val, dev, how = moved.objective, moved.devices, "device sequence, then best placement"
         if flat is None or val < flat.objective:
-            return _placed(g, cluster, a, dev, "slicegraph", t0, stats | {"planned_on": how})
+            stats |= {"planned_on": how}
+            return _finish(g, cluster, a, "slicegraph", t0, stats, np.asarray(dev, dtype=np.int64))
     if flat is None and refusal is not None:
         raise refusal
     if flat is not None:
@@ -587,7 +564,7 @@ def _poprt_on_devices(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | 
     if best is not None and best[1] is not None:
         _name_sharding_nodes(g, cg, labels, best[3])
         stats = best[3] | {"planned_on": "device sequence"}
-        return _placed(g, cluster, best[1], best[2], "poprt", t0, stats)
+        return _finish(g, cluster, best[1], "poprt", t0, stats, np.asarray(best[2], dtype=np.int64))
     if flat is None and refusal is not None:
         raise refusal
     if flat is not None:

@@ -390,18 +390,7 @@ def linear_partition(weights: np.ndarray, k: int, scale: np.ndarray | None = Non
                 return None
         return out if part <= k else None
 
-    lo, hi = float(w.max()), float(P[-1])
-    for _ in range(100):
-        if hi - lo <= 1e-12 * max(1.0, hi):
-            break
-        mid = (lo + hi) / 2
-        if parts(mid) is not None:
-            hi = mid
-        else:
-            lo = mid
-    res = parts(hi)
-    assert res is not None
-    return res
+    return _least_feasible(parts, float(w.max()), float(P[-1]), 100)
 
 
 def _scaled_partition(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -427,7 +416,13 @@ def _scaled_partition(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
         return None
 
     lo, hi = float(w.max()) / float(scale.max()), float(P[-1]) / float(scale.min())
-    for _ in range(200):
+    return _least_feasible(parts, lo, hi, 200)
+
+
+def _least_feasible(parts, lo: float, hi: float, steps: int) -> np.ndarray:
+    """Bisection on the limit: ``parts(limit)`` is a partition or None, monotone in the limit,
+    and ``parts(hi)`` exists; the partition at the least feasible limit (relative 1e-12)."""
+    for _ in range(steps):
         if hi - lo <= 1e-12 * max(1.0, hi):
             break
         mid = (lo + hi) / 2
