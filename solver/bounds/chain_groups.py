@@ -1,0 +1,218 @@
+"""Bound 5, the chain with io on a cluster of groups: the chain-io program of
+:mod:`solver.bounds.chain_io` run on the cluster's relaxation, with every bin labelled by the
+group of its device, at most ``|h|`` bins in group h, and a cut between two consecutive
+nonempty blocks of different groups received over the slow ``between`` link.
+
+Proof in docs/bounds.md ("group chain"). In short: every plan on every placement is a path of
+the program (its nonempty blocks in order, each on a device of some group, distinct blocks on
+distinct devices), every term is at most the evaluator's (relaxed device and fast link), and the
+only term charged at the slow rate is one the evaluator charges at that rate: what a block
+holding separator s_g receives from the block just before it (holding s_{g-1}) when the two run
+in different groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from solver.bounds.chain_io import Chain
+from solver.bounds.items import items
+from solver.cluster import Cluster
+from solver.graph import Graph
+
+MAX_GROUPS = 4  # the states are per-group bin counts: a few groups only
+
+
+def _profile(ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float) -> list:
+    """A bin starting in gap g with ``rest`` of that gap's volume: for every gap g2 it can end
+    in, ``(g2, y, y_cross)``, the volume of gap g2 it can still take when its inputs came over
+    a fast link, and (None when it cannot end there) when what s_{g-1}'s block sends it came
+    over the slow one (``extra_rate``: seconds added per second of fast link time)."""
+    size, act, fluid, m = ch.size, ch.act, ch.fluid, ch.m
+    out = []
+    load, peak, io_out = rest, 0.0, 0.0
+    io_in = ch.cut[g] if g > 0 else 0.0  # s_{g-1} is in an earlier bin
+    extra = extra_rate * io_in  # the gap cut comes from s_{g-1}'s block
+    seen: set[int] = set()
+    for g2 in range(g + 1, m + 1):
+        j = g2 - 1
+        load += size[j] + (fluid[j] if j > g else 0.0)
+        peak = max(peak, act[j])
+        if load + peak > cap:
+            break
+        for t, p, sec in ch.ins[j]:
+            if p < g and t not in seen:
+                seen.add(t)
+                io_in += sec
+                if p == g - 1:  # produced by s_{g-1}, in the block just before
+                    extra += extra_rate * sec
+        for last, sec in ch.outs[j]:
+            if last > j:
+                io_out += sec
+        for p, sec in ch.ends[j]:
+            if g <= p < j:
+                io_out -= sec
+        cut_out = ch.cut[g2] if g2 < m else 0.0
+        base = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
+        ys = []
+        for y in (base, base - Bm * extra):
+            if y < 0:
+                ys.append(None)
+                continue
+            sums = ch.sums[g2]
+            y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
+            ys.append(min(y, fluid[g2]))
+        if ys[0] is not None:
+            out.append((g2, ys[0], ys[1]))
+    return out
+
+
+def _spread(counts: tuple, sizes: tuple, r: int):
+    """Every way to add r bins to the group counts without exceeding a group's size."""
+    if r == 0:
+        yield counts
+        return
+    for pick in itertools.combinations_with_replacement(range(len(sizes)), r):
+        c = list(counts)
+        for h in pick:
+            c[h] += 1
+        if all(x <= s for x, s in zip(c, sizes, strict=True)):
+            yield tuple(c)
+
+
+def _prune(states: dict) -> dict:
+    """Drop states another beats: same last group, no more bins in any group, no less taken."""
+    keys = sorted(states, key=lambda kv: (sum(kv[0]), -states[kv]))
+    kept: dict = {}
+    for key in keys:
+        counts, h = key
+        x = states[key]
+        if any(
+            h2 == h and x2 >= x and all(a <= b for a, b in zip(c2, counts, strict=True))
+            for (c2, h2), x2 in kept.items()
+        ):
+            continue
+        kept[key] = x
+    return kept
+
+
+def feasible_groups(
+    ch: Chain,
+    cap: float,
+    sizes: tuple,
+    Bm: float,
+    extra_rate: float,
+    deadline: float = math.inf,
+) -> bool:
+    """True unless it is proven that no labelled path covers the chain with bins of capacity
+    ``cap`` and at most ``sizes[h]`` bins in group h (also True, "not proven", past
+    ``deadline``, a ``time.perf_counter()`` value)."""
+    if cap <= 0:
+        return True  # no claim at a zero capacity
+    m, fluid, k = ch.m, ch.fluid, sum(sizes)
+    start = (tuple(0 for _ in sizes), -1)
+    states: list[dict] = [{} for _ in range(m + 1)]
+    states[0][start] = 0.0
+    profiles: dict = {}
+    for g in range(m + 1):
+        if time.perf_counter() > deadline:
+            return True
+        for (counts, h), x in _prune(states[g]).items():
+            used = sum(counts)
+            rest0 = fluid[g] - x
+            r_max = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 else 0
+            if g == m:
+                if r_max <= k - used:
+                    return True  # the last bins take any spare devices
+                continue
+            for r in range(r_max + 1):
+                if used + r >= k:
+                    break
+                rest = max(0.0, rest0 - r * cap)
+                key = (g, rest)
+                if key not in profiles:
+                    profiles[key] = _profile(ch, g, rest, cap, Bm, extra_rate)
+                prof = profiles[key]
+                if not prof:
+                    continue
+                for c in set(_spread(counts, sizes, r)):
+                    for h2 in range(len(sizes)):
+                        if c[h2] >= sizes[h2]:
+                            continue
+                        cross = r == 0 and h >= 0 and h2 != h
+                        c2 = c[:h2] + (c[h2] + 1,) + c[h2 + 1 :]
+                        for g2, y, y_cross in prof:
+                            val = y_cross if cross else y
+                            if val is None:
+                                continue
+                            tgt = states[g2]
+                            if val > tgt.get((c2, h2), -1.0):
+                                tgt[(c2, h2)] = val
+    return False
+
+
+def group_chain_bound(
+    g: Graph,
+    cluster: Cluster,
+    lo: float = 0.0,
+    time_limit: float = 5.0,
+    memory: bool = False,
+    rel_tol: float = 1e-6,
+) -> float:
+    """Largest T proven by the group-labelled chain on ``cluster`` (devices in 2..4 groups);
+    0 (or ``lo``) when it does not apply. ``lo`` must be 0 or a T proven infeasible by the
+    chain-io bound of the same kind on ``cluster.relaxation()`` (a weaker relaxation)."""
+    groups = cluster.groups
+    t = cluster.topology
+    if t is None or not 2 <= len(groups) <= MAX_GROUPS or t.between is None:
+        return lo
+    flat, speedup = cluster.relaxation()
+    fast_g = g if speedup == 1.0 else replace(g, work=g.work / speedup)
+    it = items(fast_g)
+    B, Bm, M = flat.link_bandwidth, flat.slow_memory_bandwidth, flat.fast_memory
+    extra_rate = B / t.between[0] - 1.0  # >= 0: B is the fastest link, between included
+    if memory and math.isinf(M):
+        return lo
+    if memory:
+        ch = Chain(fast_g, Bm * it.work + it.charged, it.act, B)
+        scale, base = Bm, M
+    else:
+        ch = Chain(fast_g, it.work, np.zeros_like(it.work), B)
+        scale, base = 1.0, 0.0
+    if not ch.ok or ch.m == 0:
+        return lo
+    sizes = tuple(len(m) for m in groups)
+    t_top = float(it.work.sum()) + (1.0 + extra_rate) * float(
+        sum(sec for outs in ch.outs for _, sec in outs) + sum(ch.cut)
+    )
+    if memory:
+        t_top += max(0.0, float(it.charged.sum() + it.act.max()) - M) / Bm
+    if t_top <= 0:
+        return lo
+
+    t_end = time.perf_counter() + time_limit
+
+    def infeasible(x: float) -> bool:
+        return not feasible_groups(ch, scale * x + base, sizes, scale, extra_rate, t_end)
+
+    if lo > 0 and not infeasible(lo):
+        return lo
+    step = lo / 16 if lo > 0 else t_top / sum(sizes)
+    hi = lo + step
+    while infeasible(hi):
+        lo, step = hi, 2 * step
+        hi = lo + step
+        if hi > 4 * t_top or time.perf_counter() > t_end:
+            return lo
+    while hi - lo > rel_tol * hi and hi > 1e-9 * t_top and time.perf_counter() < t_end:
+        mid = 0.5 * (lo + hi)
+        if infeasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
