@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from solver.bounds.chain_io import Chain
+from solver.bounds.chain_io import Chain, largest_infeasible
 from solver.bounds.items import items
 from solver.cluster import Cluster
 from solver.graph import Graph
@@ -203,16 +203,4 @@ def group_chain_bound(
     if lo > 0 and not infeasible(lo):
         return lo
     step = lo / 16 if lo > 0 else t_top / sum(sizes)
-    hi = lo + step
-    while infeasible(hi):
-        lo, step = hi, 2 * step
-        hi = lo + step
-        if hi > 4 * t_top or time.perf_counter() > t_end:
-            return lo
-    while hi - lo > rel_tol * hi and hi > 1e-9 * t_top and time.perf_counter() < t_end:
-        mid = 0.5 * (lo + hi)
-        if infeasible(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return largest_infeasible(infeasible, lo, step, t_top, rel_tol, t_end)

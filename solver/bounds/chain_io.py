@@ -252,6 +252,13 @@ def chain_io_bound(
         return lo  # feasible already at lo: larger T only adds room
     t_end = time.perf_counter() + time_limit
     step = lo / 64 if lo > 0 else t_top / k  # io adds little to a proven lo: probe near it
+    return largest_infeasible(infeasible, lo, step, t_top, rel_tol, t_end)
+
+
+def largest_infeasible(infeasible, lo: float, step: float, t_top: float, rel_tol, t_end) -> float:
+    """The largest T proven infeasible, from ``lo`` (infeasible or 0): steps doubling from
+    ``lo + step`` until a feasible T (or 4 * t_top, or the deadline), then bisection to
+    ``rel_tol``. Every value returned was proven infeasible, so it is a valid bound."""
     hi = lo + step
     while infeasible(hi):
         lo, step = hi, 2 * step
