@@ -633,6 +633,24 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
     return runs
 
 
+def _run_header(
+    kind: str, ident: dict, label: str, g_ident: dict, gi: int, ci: int, c_name: str, c_ident: dict
+) -> dict:
+    """The fields every sharding or joint run record starts with: its id, graph and cluster."""
+    return {
+        "id": _digest(ident),
+        "kind": kind,
+        "graph": label,
+        "graph_key": _digest(g_ident),
+        "source": g_ident["source"],
+        "graph_index": gi,
+        "cluster_index": ci,
+        "cluster": c_name,
+        "cluster_key": _digest(c_ident),
+        "cluster_spec": "inline" if "inline" in c_ident else c_name,
+    }
+
+
 def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -> list[dict]:
     """The sharding runs: ONNX graphs x clusters x meshes x memory limits x methods x seeds."""
     sh = cfg.shard
@@ -668,16 +686,9 @@ def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -
                             }
                             runs.append(
                                 {
-                                    "id": _digest(ident),
-                                    "kind": "shard",
-                                    "graph": label,
-                                    "graph_key": _digest(g_ident),
-                                    "source": g_ident["source"],
-                                    "graph_index": gi,
-                                    "cluster_index": ci,
-                                    "cluster": c_name,
-                                    "cluster_key": _digest(c_ident),
-                                    "cluster_spec": "inline" if "inline" in c_ident else c_name,
+                                    **_run_header(
+                                        "shard", ident, label, g_ident, gi, ci, c_name, c_ident
+                                    ),
                                     "devices": math.prod(shape),
                                     "mesh": "x".join(map(str, shape)),
                                     "mesh_shape": list(shape),
@@ -722,16 +733,9 @@ def _expand_joint(cfg, graphs: list, labels: list, clusters: list) -> list[dict]
                         }
                         runs.append(
                             {
-                                "id": _digest(ident),
-                                "kind": "joint",
-                                "graph": label,
-                                "graph_key": _digest(g_ident),
-                                "source": g_ident["source"],
-                                "graph_index": gi,
-                                "cluster_index": ci,
-                                "cluster": c_name,
-                                "cluster_key": _digest(c_ident),
-                                "cluster_spec": "inline" if "inline" in c_ident else c_name,
+                                **_run_header(
+                                    "joint", ident, label, g_ident, gi, ci, c_name, c_ident
+                                ),
                                 "devices": None,
                                 "memory": None if mem is None else str(mem),
                                 "memory_bytes": mem_bytes,
