@@ -337,8 +337,10 @@ def quick_assignment(
 
 
 def _quick_placed(g: Graph, cluster: Cluster, deadline: float) -> tuple[float, np.ndarray | None]:
-    """:func:`quick_assignment` on a heterogeneous cluster (see there)."""
-    from solver.placement import best_placement, planning_cluster
+    """:func:`quick_assignment` on a heterogeneous cluster (see there); with two or more
+    groups also on each distinct group alone, its blocks on that group's devices."""
+    from solver.cost import evaluate
+    from solver.placement import best_placement, full_placement, group_clusters, planning_cluster
 
     best, best_a = math.inf, None
     for biggest in (False, True):
@@ -347,6 +349,24 @@ def _quick_placed(g: Graph, cluster: Cluster, deadline: float) -> tuple[float, n
             val = best_placement(g, cluster, a).objective
             if val < best:
                 best, best_a = val, a
+    kmax = coarse_view(g)[0].n
+    for grp in group_clusters(cluster):
+        sub = grp.cluster.with_devices(min(grp.cluster.devices, kmax))
+        _, a = quick_assignment(g, sub, deadline)
+        if a is None:
+            continue
+        used = grp.devices[: sub.devices]
+        if not sub.homogeneous:  # the group's devices differ: its blocks on their best ones
+            moved = best_placement(g, sub, a)
+            if moved.devices is None:
+                continue
+            used = grp.devices[moved.devices]
+        placement = full_placement(cluster, used)
+        if validate(g, cluster, a, placement=placement):
+            continue
+        val = evaluate(g, cluster, a, placement=placement).objective
+        if val < best:
+            best, best_a = val, a
     return best, best_a
 
 
@@ -726,7 +746,7 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
     opts = replace(opts, time_limit=max(0.05, opts.time_limit - rep.seconds))
     if not cluster.homogeneous and method not in PLACING_METHODS:
-        plan = _plan_then_place(fn, g, cluster, k, opts)
+        plan = _plan_then_place(fn, g, cluster, k, opts, method)
     elif method == "manual" or k == cluster.devices or not cluster.homogeneous:
         # manual: its device numbers come from the file; cpsat and brute choose the devices
         # themselves on a heterogeneous cluster, so they see every device even with fewer
@@ -746,7 +766,45 @@ def _run_blocks(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> P
     return None if plan is None else _widen(plan, g, cluster)
 
 
-def _plan_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
+def _plan_then_place(
+    fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, method: str
+) -> Plan | None:
+    """A heuristic on a cluster whose devices or links differ: with two or more groups, also
+    planned on each distinct group alone (:func:`_plan_on_group`); the better plan wins."""
+    from solver.placement import group_clusters
+
+    groups = group_clusters(cluster)
+    if not groups:
+        return _plan_on_cluster(fn, g, cluster, k, opts)
+    t0 = time.perf_counter()
+    end = t0 + opts.time_limit
+    best, refusal = None, None
+    # equal shares: each group run gets (time left) / (runs left); the whole-cluster run last
+    # gets its share plus whatever the group runs left unused
+    for i, grp in enumerate(groups):
+        share = max(0.05, (end - time.perf_counter()) / (len(groups) + 1 - i))
+        try:
+            plan = _plan_on_group(fn, g, cluster, grp, replace(opts, time_limit=share), method)
+        except MtppError:
+            continue  # the group alone cannot hold the graph: the whole cluster decides
+        if plan is not None and (best is None or plan.objective < best.objective):
+            best = plan
+    try:
+        whole = _plan_on_cluster(
+            fn, g, cluster, k, replace(opts, time_limit=max(0.05, end - time.perf_counter()))
+        )
+    except MtppError as e:
+        whole, refusal = None, e
+    if whole is not None and (best is None or whole.objective <= best.objective):
+        best = whole
+    if best is None and refusal is not None:
+        raise refusal
+    if best is not None:
+        best.wall_seconds = time.perf_counter() - t0
+    return best
+
+
+def _plan_on_cluster(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
     """A heuristic on a cluster whose devices or links differ: its device-aware variant
     (``fn.on_devices``: it plans against device sequences) when it has one and every device
     gets a block, else :func:`_flat_then_place`."""
@@ -754,6 +812,49 @@ def _plan_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions)
     if aware is not None and k == cluster.devices:
         return aware(g, cluster, opts)
     return _flat_then_place(fn, g, cluster, k, opts)
+
+
+def _plan_on_group(
+    fn, g: Graph, cluster: Cluster, grp, opts: SolveOptions, method: str
+) -> Plan | None:
+    """``fn``'s plan on one group alone (``grp``: a :class:`solver.placement.GroupCluster`,
+    k = its devices, or the coarse nodes when fewer), its blocks on that group's devices,
+    re-evaluated on ``cluster`` (FEASIBLE, the universal bound of ``cluster``)."""
+    from solver.placement import full_placement
+
+    sub = grp.cluster
+    kg = min(sub.devices, coarse_view(g)[0].n)
+    if kg == 1:
+        a, used = np.zeros(g.n, dtype=np.int64), grp.devices[:1]
+        stats: dict = {}
+    else:
+        if sub.homogeneous:
+            plan = _run_blocks(fn, g, sub, kg, opts)
+        else:
+            plan = _plan_on_cluster(fn, g, sub, kg, opts)
+        if plan is None:
+            return None
+        sub_dev = np.arange(plan.k) if plan.placement is None else plan.placement
+        a, used = plan.assignment, grp.devices[sub_dev]
+        stats = dict(plan.stats)
+        for key in ("raw_lower_bound", "optimal_within", "bound_source", "bound_scope"):
+            stats.pop(key, None)
+    placement = full_placement(cluster, used)
+    if validate(g, cluster, a, placement=placement):
+        return None
+    stats["planned_on"] = f"one group alone ({sub.name}, {kg} blocks)"
+    return make_plan(
+        g,
+        cluster,
+        a,
+        method,
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=0.0,
+        stats=stats,
+        check=False,
+        placement=placement,
+    )
 
 
 def _flat_then_place(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:

@@ -15,6 +15,9 @@ class labels, one per block, using each class at most as often as it has devices
 - :func:`planning_cluster` is the flat cluster the heuristics plan their blocks on.
 - :func:`candidate_sequences` are the device sequences the device-aware heuristics plan
   against directly (block b on device b of the sequence).
+- :func:`group_clusters` are the distinct groups of a cluster, each as a cluster of its own,
+  on which the pipeline methods also plan (a plan inside one group never pays the link
+  between groups); :func:`full_placement` maps such a plan's blocks back.
 
 Pure functions; on a homogeneous cluster the identity is optimal and is returned at once.
 """
@@ -27,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.cluster import Cluster
+from solver.cluster import Cluster, Topology
 from solver.cost import evaluate
 from solver.graph import Graph
 
@@ -349,3 +352,72 @@ def candidate_sequences(cluster: Cluster, k: int, hints: list[np.ndarray] = ()) 
             seen.add(key)
             out.append(seq)
     return out
+
+
+@dataclass(frozen=True)
+class GroupCluster:
+    """One group of a cluster as a cluster of its own (its devices, its inside link):
+    device i of ``cluster`` is device ``devices[i]`` of the whole cluster."""
+
+    cluster: Cluster
+    devices: np.ndarray
+
+
+def group_clusters(cluster: Cluster) -> list[GroupCluster]:
+    """Each distinct group of a cluster with two or more groups as a cluster of its own
+    (empty otherwise): a plan inside one group never pays the link between groups, which can
+    make it better than every plan that crosses. Groups with the same devices (fast memory,
+    capacity, compute, as a multiset) and the same inside link give one cluster; its devices
+    are sorted by those values (big and fast first, so that a prefix keeps the best ones),
+    and a plan on it maps to either group alike."""
+    t = cluster.topology
+    if t is None or len(t.groups) < 2:
+        return []
+    memory, capacity, compute = cluster.device_arrays()
+    out, seen = [], set()
+    for name, members, link in zip(t.names, t.groups, t.links, strict=True):
+        devs = sorted(members, key=lambda d: (-capacity[d], -memory[d], -compute[d], d))
+        values = tuple((float(memory[d]), float(capacity[d]), float(compute[d])) for d in devs)
+        key = (tuple(link), values)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(GroupCluster(_one_group(cluster, name, link, values), np.array(devs)))
+    return out
+
+
+def _one_group(cluster: Cluster, name: str, link, values: tuple) -> Cluster:
+    """A cluster of the devices ``values`` ((memory, capacity, compute) each) joined by
+    ``link``; without topology when they are alike and at the reference compute (work(v)
+    keeps its meaning: seconds on a device of ``cluster.compute``)."""
+    m = len(values)
+    mem, cap, comp = (tuple(v[i] for v in values) for i in range(3))
+    alike = len(set(values)) == 1 and comp[0] == cluster.compute
+    topo = None
+    if not alike:
+        topo = Topology(
+            groups=(tuple(range(m)),),
+            names=(name,),
+            links=(tuple(link),),
+            fast_memory=mem,
+            capacity=tuple(None if math.isinf(c) else c for c in cap),
+            compute=comp,
+        )
+    return replace(
+        cluster,
+        name=f"{cluster.name}/{name}",
+        devices=m,
+        fast_memory=mem[0],
+        capacity=None if math.isinf(cap[0]) else cap[0],
+        link_bandwidth=float(link[0]),
+        link_latency=float(link[1]),
+        topology=topo,
+    )
+
+
+def full_placement(cluster: Cluster, used: np.ndarray) -> np.ndarray:
+    """A placement of all ``cluster.devices`` blocks whose first blocks run on ``used`` (in
+    order) and whose remaining (empty) blocks take the other devices in id order."""
+    used = np.asarray(used, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(cluster.devices), used)
+    return np.concatenate([used, rest]).astype(np.int64)
