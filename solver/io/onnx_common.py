@@ -16,6 +16,41 @@ CONTROL_FLOW = {"If", "Loop", "Scan"}
 
 _DTYPE_BYTES: dict[int, float] = {}
 
+# Inputs that carry shapes, axes, indices or scalars of an op, never weights or sharded data:
+# the cost graph prices them as no data, and the sharding planner gives them no split.
+SHAPE_INPUTS = {
+    "Reshape": {1},
+    "Expand": {1},
+    "Tile": {1},
+    "ConstantOfShape": {0},
+    "Slice": {1, 2, 3, 4},
+    "Unsqueeze": {1},
+    "Squeeze": {1},
+    "Pad": {1, 2, 3},
+    "Resize": {1, 2, 3},
+    "Upsample": {1},
+    "TopK": {1},
+    "Range": {0, 1, 2},
+    "OneHot": {1, 2},
+    "Split": {1},
+    "CumSum": {1},
+    "Clip": {1, 2},
+    "Trilu": {1},
+    "Dropout": {1, 2},
+    "ReduceSum": {1},
+    "ReduceMean": {1},
+    "ReduceMax": {1},
+    "ReduceMin": {1},
+    "ReduceProd": {1},
+    "ReduceL1": {1},
+    "ReduceL2": {1},
+    "ReduceLogSum": {1},
+    "ReduceLogSumExp": {1},
+    "ReduceSumSquare": {1},
+    "NonMaxSuppression": {2, 3, 4},
+    "CenterCropPad": {1},
+}
+
 
 def dtype_bytes(elem_type: int) -> float:
     """Bytes per element of an ONNX tensor element type (4-bit types count 0.5)."""

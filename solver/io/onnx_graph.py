@@ -27,6 +27,7 @@ from solver.errors import MtppError
 from solver.graph import Graph
 from solver.io.onnx_common import (
     CONTROL_FLOW,
+    SHAPE_INPUTS,
     dtype_bytes,
     node_names,
     node_tensors,
@@ -37,39 +38,6 @@ from solver.io.onnx_flops import node_flops, numel
 from solver.io.onnx_load import LIGHT_LIMIT
 
 VIEW_OPS = {"Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
-# inputs that carry shapes, axes, indices or scalars of the op, never weights
-SHAPE_INPUTS = {
-    "Reshape": {1},
-    "Expand": {1},
-    "Tile": {1},
-    "ConstantOfShape": {0},
-    "Slice": {1, 2, 3, 4},
-    "Unsqueeze": {1},
-    "Squeeze": {1},
-    "Pad": {1, 2, 3},
-    "Resize": {1, 2, 3},
-    "Upsample": {1},
-    "TopK": {1},
-    "Range": {0, 1, 2},
-    "OneHot": {1, 2},
-    "Split": {1},
-    "CumSum": {1},
-    "Clip": {1, 2},
-    "Trilu": {1},
-    "Dropout": {1, 2},
-    "ReduceSum": {1},
-    "ReduceMean": {1},
-    "ReduceMax": {1},
-    "ReduceMin": {1},
-    "ReduceProd": {1},
-    "ReduceL1": {1},
-    "ReduceL2": {1},
-    "ReduceLogSum": {1},
-    "ReduceLogSumExp": {1},
-    "ReduceSumSquare": {1},
-    "NonMaxSuppression": {2, 3, 4},
-    "CenterCropPad": {1},
-}
 
 
 class ShapesUnknown(MtppError):

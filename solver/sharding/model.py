@@ -14,33 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from solver.errors import MtppError, first_line
-
-# inputs that carry shapes, axes, indices or scalars of an op, never sharded data
-SHAPE_INPUTS = {
-    "Reshape": {1},
-    "Expand": {1},
-    "Tile": {1},
-    "Slice": {1, 2, 3, 4},
-    "Unsqueeze": {1},
-    "Squeeze": {1},
-    "Pad": {1, 2, 3},
-    "Resize": {1, 2, 3},
-    "TopK": {1},
-    "OneHot": {1, 2},
-    "Split": {1},
-    "CumSum": {1},
-    "Clip": {1, 2},
-    "ReduceSum": {1},
-    "ReduceMean": {1},
-    "ReduceMax": {1},
-    "ReduceMin": {1},
-    "ReduceProd": {1},
-    "ReduceL1": {1},
-    "ReduceL2": {1},
-    "ReduceLogSum": {1},
-    "ReduceLogSumExp": {1},
-    "ReduceSumSquare": {1},
-}
+from solver.io.onnx_common import SHAPE_INPUTS  # shared with the cost graph
 
 
 @dataclass
