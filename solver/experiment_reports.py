@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
 
 from solver import benchdata
+from solver.files import atomic_file
 from solver.plan import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 
 
@@ -191,13 +191,11 @@ CSV_COLUMNS = [
 def write_reports(records: list[dict], out: Path, name: str = "experiment") -> None:
     """results.csv, summary.md and the PNG plots (each written atomically)."""
     rows = enrich(records)
-    tmp = out / ".results.csv.tmp"
-    with open(tmp, "w", newline="") as fh:
+    with atomic_file(out / "results.csv", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({c: r.get(c) for c in CSV_COLUMNS})
-    os.replace(tmp, out / "results.csv")
     pipeline = [r for r in rows if not is_shard(r) and not is_joint(r)]
     shard = [r for r in rows if is_shard(r)]
     joint = [r for r in rows if is_joint(r)]
@@ -207,8 +205,8 @@ def write_reports(records: list[dict], out: Path, name: str = "experiment") -> N
     if joint:
         text += "\n" + joint_markdown(joint)
         plot_joint(joint, out)
-    (out / ".summary.md.tmp").write_text(text)
-    os.replace(out / ".summary.md.tmp", out / "summary.md")
+    with atomic_file(out / "summary.md") as fh:
+        fh.write(text)
     plot_results(pipeline, out)
 
 
@@ -574,10 +572,11 @@ def _save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
+    try:
+        with atomic_file(path, "wb") as fh:
+            fig.savefig(fh, dpi=110, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
 
 
 def plot_results(rows: list[dict], out: Path) -> None:

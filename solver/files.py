@@ -12,6 +12,7 @@ import math
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -229,21 +230,38 @@ def json_safe(obj: object) -> object:
     return obj
 
 
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w", newline: str | None = None):
+    """Open a temporary file beside ``path`` for writing; when the block ends normally, rename
+    it into place (with the usual permissions), else remove it. An interrupted write never
+    leaves a half-written ``path``: the old file stays.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "out.txt"
+    >>> with atomic_file(p) as fh:
+    ...     _ = fh.write("done")
+    >>> p.read_text()
+    'done'
+    """
     path = Path(path)
-    text = json.dumps(json_safe(data), indent=1, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the usual permissions
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.write("\n")
+        with os.fdopen(fd, mode, newline=newline) as fh:
+            yield fh
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place."""
+    text = json.dumps(json_safe(data), indent=1, allow_nan=False)
+    with atomic_file(path) as fh:
+        fh.write(text)
+        fh.write("\n")
 
 
 # ---------------------------------------------------------------------- output safety

@@ -37,8 +37,6 @@ objective.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +45,7 @@ import numpy as np
 from solver.cluster import Cluster
 from solver.cost import check_assignment, check_placement, validate
 from solver.errors import MtppError
+from solver.files import atomic_file
 from solver.graph import Graph
 
 # devices x requests steps of one simulated pass: 32 bytes of arrays and ~8 us (two passes)
@@ -394,20 +393,12 @@ def draw_gantt(sim: Simulation, k: int, path: str | Path, title: str = "") -> No
     fig.tight_layout()
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    try:  # write beside the target and rename: an interrupted save leaves the old file
-        with os.fdopen(fd, "wb") as fh:
+    try:  # written beside the target and renamed: an interrupted save leaves the old file
+        with atomic_file(path, "wb") as fh:
             try:
                 fig.savefig(fh, dpi=120, format=fmt)
             except (OSError, RuntimeError, ValueError) as e:  # a backend missing for fmt
                 reason = " ".join(str(e).split())[:300]
                 raise MtppError(f"{path}: cannot write the Gantt chart ({reason})") from None
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     finally:
         plt.close(fig)
