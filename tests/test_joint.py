@@ -794,3 +794,73 @@ def test_progress_names_every_long_phase(monkeypatch):
     assert any(t.startswith("pricing stage candidates (") for t in texts)
     first_update = next(n for n in notes if isinstance(n, tuple))
     assert math.isfinite(first_update[1]) and first_update[2] <= first_update[1]
+
+
+def test_an_exact_solve_that_ran_out_of_time_is_retried_with_more(monkeypatch):
+    """Every pair's first exact solve returns its plan unproven (as if CP-SAT ran out of
+    time); the second, with twice the time, proves it. The search retries instead of stopping
+    with a gap, and ends OPTIMAL at the brute-force optimum."""
+    import dataclasses
+
+    from solver.plan import FEASIBLE
+    from solver.sharding import solve as solve_mod
+
+    real = solve_mod.solve_sharding
+    calls: dict[tuple, list[float]] = {}
+
+    def unproven_first(model, *args, time_limit, cluster, **kw):
+        key = (id(model), kw["mesh"], cluster.compute)
+        calls.setdefault(key, []).append(time_limit)
+        res = real(model, *args, time_limit=time_limit, cluster=cluster, **kw)
+        if len(calls[key]) > 1:
+            return res
+        stats = {**res.stats, "cpsat_status": "FEASIBLE", "stopped": "time limit"}
+        return dataclasses.replace(res, status=FEASIBLE, lower_bound=0.0, stats=stats)
+
+    monkeypatch.setattr(solve_mod, "solve_sharding", unproven_first)
+    sm = from_proto(tiny_model(), {})
+    cluster = two_hosts(between=5e8)
+    plan = plan_joint(sm, cluster, time_limit=60, workers=1)
+    retried = [b for b in calls.values() if len(b) > 1]
+    assert retried, "no exact solve was retried: the test checks nothing"
+    assert plan.stats["exact_retries"] == len(retried)
+    for budgets in retried:
+        assert budgets[1] == pytest.approx(2 * budgets[0], rel=1e-9)  # doubled, time was left
+        assert len(budgets) == 2  # proven the second time: never a third
+    assert plan.status == OPTIMAL and plan.gap <= 1e-6
+    assert plan.objective == pytest.approx(brute_force(sm, cluster, None), rel=1e-9)
+    assert not plan.stats.get("stopped")
+
+
+def test_without_retries_the_unproven_solves_leave_a_gap(monkeypatch):
+    """The control of the test above: the same unproven first solves, never retried (every
+    retry refused), leave the search FEASIBLE with a gap, so the retries are what closes it."""
+    import dataclasses
+
+    from solver.joint import planner
+    from solver.plan import FEASIBLE
+    from solver.sharding import solve as solve_mod
+
+    real = solve_mod.solve_sharding
+
+    def unproven(model, *args, **kw):
+        res = real(model, *args, **kw)
+        stats = {**res.stats, "cpsat_status": "FEASIBLE"}
+        return dataclasses.replace(res, status=FEASIBLE, lower_bound=0.0, stats=stats)
+
+    monkeypatch.setattr(solve_mod, "solve_sharding", unproven)
+    monkeypatch.setattr(planner._Search, "retry", lambda self, pairs: False)
+    plan = plan_joint(from_proto(tiny_model(), {}), two_hosts(between=5e8), time_limit=60)
+    assert plan.stats["exact_solves"] > 0
+    assert plan.status == FEASIBLE and plan.gap > 1e-3
+
+
+def test_only_solves_stopped_by_time_are_retried():
+    """CP-SAT stopped by its time limit (or before building): retried. CP-SAT optimal in its
+    integer model and already re-solved at a finer scale: only rounding is left, not retried."""
+    from solver.joint.planner import _ran_out
+
+    assert _ran_out({"cpsat_status": "FEASIBLE"})
+    assert _ran_out({"cpsat_status": "NOT_BUILT"})
+    assert _ran_out({"cpsat_status": "OPTIMAL"})  # the finer re-solve had no time to run
+    assert not _ran_out({"cpsat_status": "OPTIMAL", "resolved_with_upper_bound": 1e-5})

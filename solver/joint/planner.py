@@ -12,8 +12,9 @@ twice per round: with every (segment, sub-mesh) program priced by a heuristic pl
 best of data parallel, Megatron and propagation that fits) and by a certified lower bound
 (least compute, then the exact sharding solver's bound). Segments that the incumbent uses or
 that the lower programme's optimum uses are then solved exactly (``solve_sharding(method=
-"cpsat")``), until the bound meets the incumbent or time runs out. Costs are cached by segment
-signature (repeated identical layers are priced once).
+"cpsat")``); once each has had its solve, those that ran out of time unproven are solved again
+with twice the time, the largest gap first, until the bound meets the incumbent or time runs
+out. Costs are cached by segment signature (repeated identical layers are priced once).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from solver.joint.bound import op_work, split_tuples, universal_bound
 from solver.joint.plan import JointPlan, StageSpec, price_stages
 from solver.joint.segment import Segment, cut_points, make_segment, tensor_bytes
 from solver.joint.submesh import SPACES, SubMesh, candidates, stage_limit, sub_cluster
+from solver.plan import OPTIMAL
 from solver.sharding.rules import Strategy
 
 HEURISTICS = ("dp", "megatron", "propagate")
@@ -54,6 +56,8 @@ class PairCost:
     strategies: tuple[Strategy, ...] | None = None  # by operator position in the segment
     lower: float = 0.0
     exact_tried: bool = False
+    budget: float = 0.0  # the time limit of the last exact solve
+    retry: bool = False  # the last exact solve ran out of time unproven: more time may help
     infeasible: bool = False  # proven: no strategy fits the memory limit
     sources: list[str] = field(default_factory=list)
 
@@ -239,26 +243,38 @@ class _Search:
         pc.lower = min(pc.lower, pc.upper)
         return pc
 
-    def refine(self, a: int, b: int, m: int) -> bool:
-        """Solve segment a..b on sub-mesh m exactly (once); True when something was done."""
+    def refine(self, a: int, b: int, m: int, again: bool = False) -> bool:
+        """Solve segment a..b on sub-mesh m exactly; True when something was done. The first
+        solve gets a share of the time left; ``again``: a pair whose last solve ran out of
+        time unproven is solved with twice that time (at most the time left)."""
         from solver.sharding.solve import solve_sharding
 
         pc = self.pair(a, b, m)
-        if pc.exact_tried or pc.infeasible or pc.upper <= pc.lower:
+        if pc.infeasible or pc.upper <= pc.lower or pc.exact_tried != again:
+            return False
+        if again and not pc.retry:
             return False
         left = self.time_left()
         if left < EXACT_MIN_SECONDS:
             self.stats["stopped"] = True  # too little time left for an exact solve
             return False
-        pc.exact_tried = True
+        if again:
+            budget = min(2 * pc.budget, left)
+            if budget <= pc.budget:  # no more time than the last solve had: nothing to gain
+                return False
+        else:
+            budget = min(EXACT_MAX_SECONDS, max(EXACT_MIN_SECONDS, EXACT_SHARE * left))
+        pc.exact_tried, pc.budget, pc.retry = True, budget, False
         seg, mesh = self.segment(a, b), self.meshes[m]
         limit = self.limit(mesh)
-        budget = min(EXACT_MAX_SECONDS, max(EXACT_MIN_SECONDS, EXACT_SHARE * left))
         if self.progress is not None:
+            more = f" again ({budget:.0f} s)" if again else ""
             self.progress.note(
-                f"exact sharding of ops {a}..{b - 1} on devices {_span(mesh.devices)}"
+                f"exact sharding of ops {a}..{b - 1} on devices {_span(mesh.devices)}{more}"
             )
         self.stats["exact_solves"] += 1
+        if again:
+            self.stats["exact_retries"] = self.stats.get("exact_retries", 0) + 1
         try:
             res = solve_sharding(
                 seg.sm,
@@ -274,6 +290,8 @@ class _Search:
                 pc.infeasible, pc.lower, pc.upper = True, math.inf, math.inf
                 pc.strategies = None
                 pc.sources.append("cpsat: proven infeasible")
+            else:  # no fitting plan found within the time: more time may find one
+                pc.retry = str(e).startswith("no plan that fits")
             return True
         if res.objective < pc.upper:
             pc.upper = res.objective
@@ -282,7 +300,25 @@ class _Search:
         if res.lower_bound is not None and res.lower_bound > pc.lower:
             pc.lower = min(res.lower_bound, pc.upper)
             pc.sources.append(f"cpsat bound ({res.status})")
+        pc.retry = res.status != OPTIMAL and pc.upper > pc.lower and _ran_out(res.stats)
         return True
+
+    def retry(self, pairs) -> bool:
+        """Solve again, with twice the time, one of ``pairs`` whose exact solve ran out of
+        time unproven: the largest gap (upper - lower) first. True when one was solved."""
+        todo: dict[int, tuple[float, tuple[int, int, int]]] = {}
+        for a, b, m in pairs:
+            pc = self.pair(a, b, m)
+            if pc.retry and not pc.infeasible and pc.upper > pc.lower:
+                todo.setdefault(id(pc), (pc.upper - pc.lower, (a, b, m)))  # alike pairs once
+        for _, abm in sorted(todo.values(), key=lambda g: -g[0]):
+            if self.expired():
+                break
+            if self.refine(*abm, again=True):
+                return True
+        if todo:  # unproven pairs are left, and too little time to give one more
+            self.stats["stopped"] = True
+        return False
 
     # ------------------------------------------------------------------ the DP
     def dp(
@@ -472,6 +508,13 @@ def weight_floor(seg: Segment, devices: int) -> float:
     return sum(tensor_bytes(sm, t) for t in weights) / devices
 
 
+def _ran_out(stats: dict) -> bool:
+    """Whether an unproven exact sharding solve stopped for lack of time (more may prove it),
+    not because CP-SAT proved its integer model, re-solved at a finer scale, and rounding
+    still leaves a gap (more time changes nothing)."""
+    return stats.get("cpsat_status") != "OPTIMAL" or "resolved_with_upper_bound" not in stats
+
+
 def _span(devices) -> str:
     d = list(devices)
     return f"{d[0]}-{d[-1]}" if len(d) > 1 else str(d[0])
@@ -525,7 +568,7 @@ def plan_joint(
     device's capacity); ``gap``: stop once the relative gap is at most this. Raises
     :class:`MtppError` when no plan of the space fits."""
     from solver.cluster import load_cluster
-    from solver.plan import FEASIBLE, OPTIMAL, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
+    from solver.plan import FEASIBLE, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
     from solver.sharding.model import ShardModel, load_model
     from solver.units import parse_memory
 
@@ -593,10 +636,13 @@ def plan_joint(
             if not low_path and best[1] is None:
                 break  # no plan of the space fits
             did = False
-            for a, b, m in dict.fromkeys([*up_path, *low_path]):
+            pairs = list(dict.fromkeys([*up_path, *low_path]))
+            for a, b, m in pairs:
                 if search.expired():
                     break
                 did = search.refine(a, b, m) or did
+            if not did:  # every pair had its solve: more time for one that ran out unproven
+                did = search.retry(pairs)
             if not did:
                 break
     except KeyboardInterrupt:  # as CP-SAT does: the best plan so far with its proven bound
