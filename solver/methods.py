@@ -46,6 +46,8 @@ class SolveOptions:
     gap: float = 0.0
     progress: bool = False
     extra: dict = field(default_factory=dict)
+    # a certified lower bound of this very problem (set by solve): cpsat stops at a plan meeting it
+    certified_bound: float | None = None
 
 
 # ---------------------------------------------------------------- option checking
@@ -469,8 +471,9 @@ run_slicegraph.on_devices = _slicegraph_on_devices
 
 def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     """Exact CP-SAT model, warm-started by the quick heuristics and the exact DP over the
-    separator chain (:mod:`solver.heuristics.warmstart`), whose proven optimum needs no search."""
-    from solver.exact.cpsat import CpsatOptions, solve_cpsat
+    separator chain (:mod:`solver.heuristics.warmstart`), whose proven optimum needs no search.
+    With ``opts.certified_bound`` the search is skipped or stopped once a plan meets it."""
+    from solver.exact.cpsat import CpsatOptions, meets_bound, solve_cpsat
     from solver.heuristics.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
     from solver.progress import SolveProgress
 
@@ -491,7 +494,8 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
         if dp_best < best:
             best, hint = dp_best, dp_hint
         cg, labels = coarse_view(g)
-        if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline:
+        met = meets_bound(best, opts.certified_bound)  # no SliceGraph search can beat it
+        if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline and not met:
             # on large graphs CP-SAT improves a hint slowly: spend the rest of the warm-start
             # share on the SliceGraph search first and start from the better plan
             from solver.heuristics.brkga import BrkgaOptions, brkga
@@ -513,6 +517,7 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
             on_progress=prog.update if opts.progress else None,
             params=dict(opts.extra.get("cpsat_params", {})),
             tie_break=bool(opts.extra.get("tie_break", True)),
+            stop_at=opts.certified_bound,
         )
         prog.note("building the CP-SAT model")
         plan = solve_cpsat(g, cluster, hint, co)
@@ -747,7 +752,11 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     opts = replace(opts, time_limit=max(0.05, opts.time_limit - rep.seconds))
     if not cluster.homogeneous and method not in PLACING_METHODS:
         plan = _plan_then_place(fn, g, cluster, k, opts, method)
-    elif method == "manual" or k == cluster.devices or not cluster.homogeneous:
+        return None if plan is None else certify(g, cluster, plan, rep)
+    # the method solves this very problem (k blocks as good as every device): the certified
+    # bound holds for it, and cpsat stops as soon as its plan meets it
+    opts = replace(opts, certified_bound=rep.value)
+    if method == "manual" or k == cluster.devices or not cluster.homogeneous:
         # manual: its device numbers come from the file; cpsat and brute choose the devices
         # themselves on a heterogeneous cluster, so they see every device even with fewer
         # blocks than devices
@@ -975,7 +984,9 @@ def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
             )
     covers = cluster.homogeneous or plan.stats.get("bound_scope") == ALL_PLACEMENTS
     own = plan.lower_bound if covers else None
-    if own is not None and own >= rep.value:
+    # a cpsat plan that stopped on meeting the certified bound rests on that bound's proof
+    met = plan.method == "cpsat" and "stopped" in plan.stats
+    if own is not None and own >= rep.value and not met:
         binding, bound, status = plan.stats.get("bound_source", plan.method), own, plan.status
         resolution = float(plan.stats.get("optimal_within", 0.0))
     else:  # a method's proof within its rounding resolution stays one under a larger bound

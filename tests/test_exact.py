@@ -1,5 +1,8 @@
 """Brute force is the oracle; CP-SAT must match it and never claim a bound it cannot keep."""
 
+import math
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,7 +11,13 @@ from solver.cluster import Cluster
 from solver.cost import evaluate, lower_bound, validate
 from solver.errors import MtppError
 from solver.exact.brute import all_assignments, batch_costs, brute_force
-from solver.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.exact.cpsat import (
+    STOPPED_INCUMBENT,
+    STOPPED_WARM,
+    CpsatOptions,
+    meets_bound,
+    solve_cpsat,
+)
 from solver.graph import Graph
 from solver.io import load_graph, resolve_cluster
 from solver.methods import SolveOptions, quick_assignment, solve
@@ -138,3 +147,80 @@ def test_every_cpsat_solver_keeps_the_presolve_guard():
     p = new_solver(2.5, {**params, "num_workers": 3}).parameters
     assert p.presolve_inclusion_work_limit == 0 and p.max_time_in_seconds == 2.5
     assert (p.num_workers, p.random_seed, p.relative_gap_limit) == (3, 7, 0.01)
+
+
+# ---------------------------------------------------------------- stopping at the certified bound
+
+
+def random_dag(seed: int, n: int = 30, heavy: bool = False, io: float = 0.0) -> Graph:
+    """A random DAG (a chain plus skips), random work; with ``heavy`` one node has twice the
+    rest's work, so the universal bound (that node) is the optimum on 3+ devices."""
+    rng = np.random.default_rng(seed)
+    work = rng.uniform(0.5, 1.5, n)
+    if heavy:
+        work[n // 2] = 2 * work.sum()
+    edges = [(v - 1, v) for v in range(1, n)]
+    edges += [(int(rng.integers(0, v - 1)), v) for v in range(2, n) if rng.random() < 0.3]
+    names = [f"n{i}" for i in range(n)]
+    return Graph.build(names, work, rng.uniform(0, io, n), sorted(set(edges)))
+
+
+def test_meets_bound_uses_the_optimality_tolerance():
+    assert meets_bound(1.0, 1.0) and meets_bound(1.0 + 0.9e-6, 1.0)
+    assert not meets_bound(1.0 + 1.1e-6, 1.0)
+    assert not meets_bound(1.0, None) and not meets_bound(1.0, math.inf)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_cpsat_skips_the_search_when_the_warm_start_meets_the_bound(tie):
+    g, c = random_dag(3, heavy=True), Cluster("c", 4, link_bandwidth=1.0)
+    bound = float(lower_bound(g, c))
+    assert bound == pytest.approx(g.work.max())
+    _, hint = quick_assignment(g, c)
+    t = time.perf_counter()
+    plan = solve_cpsat(
+        g, c, hint, CpsatOptions(time_limit=30, workers=2, stop_at=bound, tie_break=tie)
+    )
+    assert time.perf_counter() - t < 5
+    assert plan.stats["stopped"] == STOPPED_WARM and plan.stats["cpsat_status"] == "NOT_SOLVED"
+    assert plan.objective <= bound * (1 + 1e-6) and not validate(g, c, plan.assignment)
+    assert ("transfer_bytes_after" in plan.stats["tie_break"]) == tie
+    # without the bound CP-SAT searches (and proves the same optimum itself)
+    own = solve_cpsat(g, c, hint, CpsatOptions(time_limit=30, workers=2, tie_break=tie))
+    assert "stopped" not in own.stats and own.stats["cpsat_status"] == "OPTIMAL"
+    assert own.objective == pytest.approx(plan.objective, rel=1e-9)
+
+
+def test_cpsat_stops_at_the_first_incumbent_that_meets_the_bound():
+    g, c = random_dag(0, io=0.5), Cluster("c", 4, link_bandwidth=1.0)
+    _, hint = quick_assignment(g, c)
+    best = solve_cpsat(g, c, hint, CpsatOptions(time_limit=30, workers=2, tie_break=False))
+    assert best.status == OPTIMAL and "stopped" not in best.stats
+    bad = np.zeros(g.n, dtype=np.int64)  # one block: far from the optimum, the search must run
+    opts = CpsatOptions(time_limit=30, workers=2, tie_break=False, stop_at=best.objective)
+    plan = solve_cpsat(g, c, bad, opts)
+    assert plan.stats["stopped"] == STOPPED_INCUMBENT
+    assert plan.stats["cpsat_status"] in ("FEASIBLE", "OPTIMAL")
+    assert plan.objective <= best.objective * (1 + 1e-6) and not validate(g, c, plan.assignment)
+    # a bound just below the optimum (beyond the tolerance) is never met: CP-SAT's own proof
+    opts.stop_at = best.objective * (1 - 1e-5)
+    plan = solve_cpsat(g, c, bad, opts)
+    assert "stopped" not in plan.stats and plan.stats["cpsat_status"] == "OPTIMAL"
+    assert plan.objective == pytest.approx(best.objective, rel=1e-9)
+
+
+def test_cpsat_stops_on_a_placed_incumbent_too():
+    """Two hosts (the model also chooses each block's device): the callback reads the placement
+    and re-evaluates the plan on it before stopping."""
+    from solver.cluster import Topology
+
+    topo = Topology(((0, 1), (2, 3)), ("h0", "h1"), ((8.0, 0.0), (8.0, 0.0)), (1.0, 0.0))
+    c = Cluster("two", 4, compute=1.0, link_bandwidth=8.0, topology=topo)
+    g = random_dag(0, io=0.5)
+    best = solve_cpsat(g, c, None, CpsatOptions(time_limit=30, workers=2))
+    assert best.stats["cpsat_status"] == "OPTIMAL"
+    bad = np.zeros(g.n, dtype=np.int64)
+    plan = solve_cpsat(g, c, bad, CpsatOptions(time_limit=30, workers=2, stop_at=best.objective))
+    assert plan.stats["stopped"] == STOPPED_INCUMBENT
+    ev = evaluate(g, c, plan.assignment, placement=plan.placement)
+    assert ev.objective == plan.objective <= best.objective * (1 + 1e-6)

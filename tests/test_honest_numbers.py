@@ -429,3 +429,48 @@ def test_cpsat_returns_the_warm_start_when_the_build_runs_out_of_time():
     assert plan.status == FEASIBLE and plan.stats["cpsat_status"] == "NOT_SOLVED"
     assert plan.assignment.tolist() == hint.tolist()
     assert plan.lower_bound == pytest.approx(lower_bound(g, c))
+
+
+# ------------------------------------------------------------ cpsat stops at the certified bound
+
+
+def heavy_dag(seed: int, n: int = 30, heavy: bool = True) -> Graph:
+    """A random DAG (chain plus skips) with random work and io; with ``heavy`` one node has
+    twice the others' work and no io, so the certified bound (that node) is the optimum."""
+    rng = np.random.default_rng(seed)
+    work = rng.uniform(0.5, 1.5, n)
+    size = rng.uniform(0, 0.5, n)
+    if heavy:
+        work[n // 2], size[:] = 2 * work.sum(), 0.0
+    edges = [(v - 1, v) for v in range(1, n)]
+    edges += [(int(rng.integers(0, v - 1)), v) for v in range(2, n) if rng.random() < 0.3]
+    return Graph.build([f"n{i}" for i in range(n)], work, size, sorted(set(edges)))
+
+
+def two_hosts() -> Cluster:
+    from solver.cluster import Topology
+
+    topo = Topology(((0, 1), (2, 3)), ("h0", "h1"), ((8.0, 0.0), (8.0, 0.0)), (1.0, 0.0))
+    return Cluster("two", 4, compute=1.0, link_bandwidth=8.0, topology=topo)
+
+
+@pytest.mark.parametrize("cluster", [Cluster("c", 4, link_bandwidth=1.0), two_hosts()])
+def test_cpsat_stops_when_its_plan_meets_the_certified_bound(cluster):
+    g = heavy_dag(3)
+    t = time.perf_counter()
+    plan = solve(g, cluster, "cpsat", SolveOptions(time_limit=30, workers=2))
+    assert time.perf_counter() - t < 5  # far less than its time limit
+    assert plan.status == OPTIMAL and plan.gap <= 1e-6
+    assert plan.objective == pytest.approx(g.work.max(), rel=1e-9)
+    assert plan.stats["stopped"].endswith("met the certified bound: no search")
+    bound = plan.stats["bound"]
+    assert bound["binding"] == bound["certified"]["binding"] != "cpsat"  # the proof, named
+    assert bound["value"] == bound["certified"]["value"] == plan.lower_bound
+
+
+def test_cpsat_searches_when_the_certified_bound_is_not_tight(universal_only):
+    g, c = heavy_dag(0, heavy=False), Cluster("c", 4, link_bandwidth=1.0)
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=30, workers=2))
+    assert plan.stats["bound"]["certified"]["value"] < 0.9 * plan.objective  # not tight
+    assert "stopped" not in plan.stats and plan.stats["cpsat_status"] == "OPTIMAL"
+    assert plan.status == OPTIMAL and plan.stats["bound"]["binding"] == "cpsat"

@@ -22,6 +22,11 @@ Model (on the coarse graph where co-location groups and the cycles they create a
   goes from 1.09 M variables (14 s to build, no branch in 60 s) to 82 k (3 s, searching
   after 4-15 s). ``x`` has no variable of its own (see :meth:`_Model._add_variables`), the
   hint is complete (CP-SAT starts from it) and big models get one presolve pass.
+- ``CpsatOptions.stop_at``, a certified lower bound of the same problem (from
+  :mod:`solver.bounds`), ends the first stage early: no search when the warm start meets it,
+  and the solution callback stops CP-SAT at the first incumbent that meets it. "Meets" is
+  decided on the plan re-evaluated in floating point (:func:`meets_bound`), never on the
+  rounded integer objective (that only pre-filters); the certified bound is then the proof.
 - After the bottleneck, :mod:`solver.exact.tiebreak` picks, among plans no worse, the least
   transferred bytes and then the lowest latency (``--set tie_break=false`` skips it).
 
@@ -54,7 +59,7 @@ from solver.exact.sat import MAX_COEF, new_solver, search_params
 from solver.exact.tiebreak import TIE_BREAK_SHARE, tie_break, tie_break_budget
 from solver.graph import Graph, coarse_view
 from solver.placement import best_placement
-from solver.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, Plan, make_plan
+from solver.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL, Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
 BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
@@ -71,6 +76,20 @@ class CpsatOptions:
     log: bool = False
     on_progress: object = None  # callable(objective, bound, elapsed) in real units
     params: dict = field(default_factory=dict)  # extra CP-SAT parameters
+    # a proven lower bound (seconds) of this very problem: stop once a valid plan meets it
+    stop_at: float | None = None
+
+
+STOPPED_WARM = "the warm start met the certified bound: no search"
+STOPPED_INCUMBENT = "incumbent met the certified bound"
+
+
+def meets_bound(objective: float, bound: float | None) -> bool:
+    """True when a re-evaluated ``objective`` is within OPTIMALITY_TOL of the proven lower
+    ``bound`` (then no plan is better beyond the tolerance and make_plan keeps OPTIMAL)."""
+    if bound is None or not math.isfinite(bound):
+        return False
+    return objective <= bound * (1 + OPTIMALITY_TOL)
 
 
 class _BuildTimeout(Exception):
@@ -786,13 +805,21 @@ def _closure_sums(
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, scale: float, start: float, fn):
+    """Reports each incumbent (``fn``) and, given ``stop``, stops the search at the first
+    incumbent that meets the certified bound (kept in ``met`` as (assignment, placement))."""
+
+    def __init__(self, scale: float, start: float, fn, stop=None):
         super().__init__()
-        self.scale, self.start, self.fn = scale, start, fn
+        self.scale, self.start, self.fn, self.stop = scale, start, fn, stop
         self.best = math.inf
+        self.met: tuple[np.ndarray, np.ndarray | None] | None = None
 
     def on_solution_callback(self) -> None:
         self.best = self.ObjectiveValue() / self.scale
+        if self.stop is not None and self.met is None:
+            self.met = self.stop(self.ObjectiveValue(), self.Value)
+            if self.met is not None:
+                self.StopSearch()
         if self.fn:
             self.fn(
                 self.best, self.BestObjectiveBound() / self.scale, time.perf_counter() - self.start
@@ -807,12 +834,15 @@ def solve_cpsat(
     ``hint`` is a valid plan (assignment of the original graph) used as warm start and upper
     bound. Returns None when the problem is proven infeasible or no plan was found in time;
     raises :class:`MtppError` with the reason when a single node or group cannot fit.
+    With ``options.stop_at`` the search is skipped or stopped once a plan meets that bound
+    (``stats["stopped"]`` says which); the caller's certified bound is then the proof.
     """
     opts = options or CpsatOptions()
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
     _check_single_fits(g, cg, labels, cluster)
     placed = not cluster.homogeneous  # the model also chooses each block's device
+    tie = opts.tie_break and not placed  # the tie-break does not model the placement
     chint = hint_dev = hint_cost = None
     if hint is not None:
         hint = np.asarray(hint)
@@ -828,11 +858,16 @@ def solve_cpsat(
                 hint = chint = None
             else:
                 hint_dev, hint_cost = best.devices, best.objective
+    warm_met = hint is not None and _plan_meets(g, cluster, hint, hint_dev, opts.stop_at)
+    if warm_met and not tie:  # nothing left for CP-SAT to do: not even the model is built
+        return _warm_met_plan(g, cluster, hint, hint_dev, opts, t0, cg.n)
     try:
         # the build may take most of the limit; CP-SAT then gets what is left (below)
         deadline = t0 + BUILD_SHARE * opts.time_limit
         model = _Model(cg, cluster, chint, deadline=deadline, upper_cost=hint_cost)
     except _BuildTimeout:
+        if warm_met:
+            return _warm_met_plan(g, cluster, hint, hint_dev, opts, t0, cg.n)
         return _timed_out(g, cluster, hint, opts, t0, cg.n, hint_dev)
     if chint is not None:
         model.add_hint(chint)
@@ -849,34 +884,44 @@ def solve_cpsat(
         # measured on Llama shapes: the first presolve pass does the work, the next ones
         # cost 10-20 s more before the first branch and change neither plan nor bound
         params["max_presolve_iterations"] = 1
-    tie = opts.tie_break and not placed  # the tie-break does not model the placement
     solver = new_solver(
         search_s * (1 - TIE_BREAK_SHARE) if tie else search_s,
         {**params, **opts.params},
     )
     p = solver.parameters
-    cb = _Progress(model.S, t0, opts.on_progress)
+    stop = _stopper(model, g, labels, cluster, opts.stop_at)
+    cb = _Progress(model.S, t0, opts.on_progress, stop)
     if opts.on_progress:
         solver.best_bound_callback = lambda bnd: opts.on_progress(
             cb.best, bnd / model.S, time.perf_counter() - t0
         )
     t_search = time.perf_counter()
-    status = solver.Solve(model.m, cb)
+    if warm_met:  # the warm start is the first stage's plan; only the tie-break runs
+        status, bound_int = cp_model.UNKNOWN, 0
+    else:
+        status = solver.Solve(model.m, cb)
+        bound_int = solver.BestObjectiveBound()
     search_s = time.perf_counter() - t_search
     stats = {
-        "cpsat_status": solver.StatusName(status),
+        "cpsat_status": "NOT_SOLVED" if warm_met else solver.StatusName(status),
         "coarse_nodes": cg.n,
         "build_seconds": round(build_s, 3),
         "scale": model.S,
-        "branches": solver.NumBranches(),
-        "conflicts": solver.NumConflicts(),
+        "branches": 0 if warm_met else solver.NumBranches(),
+        "conflicts": 0 if warm_met else solver.NumConflicts(),
         "workers": p.num_workers,
         "memory_modelled": model.use_mem,
         **size,
     }
     if status == cp_model.INFEASIBLE:
         return None
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if warm_met:
+        a, dev = hint, hint_dev
+        stats["stopped"] = STOPPED_WARM
+    elif cb.met is not None:  # stopped from the callback: its plan is checked and re-evaluated
+        a, dev = cb.met
+        stats["stopped"] = STOPPED_INCUMBENT
+    elif status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if hint is None:
             raise MtppError(
                 f"no plan found within the time limit ({opts.time_limit:g} s) and no heuristic "
@@ -899,7 +944,6 @@ def solve_cpsat(
         stats["device_classes"] = len(model.classes)
     # the bound and status are this first stage's; the tie-break only picks among plans
     # whose re-evaluated bottleneck is at most this plan's
-    bound_int = solver.BestObjectiveBound()
     if not opts.tie_break:
         stats["tie_break"] = {"summary": "tie-break skipped (tie_break=false)"}
     elif placed:
@@ -939,6 +983,71 @@ def solve_cpsat(
     if plan.status != OPTIMAL:
         plan.status = FEASIBLE
     return plan
+
+
+def _plan_meets(
+    g: Graph, cluster: Cluster, a: np.ndarray, dev: np.ndarray | None, bound: float | None
+) -> bool:
+    """True when plan ``a`` (on placement ``dev``) is valid and its re-evaluated objective
+    meets the proven lower ``bound`` (:func:`meets_bound`)."""
+    if bound is None or not math.isfinite(bound) or validate(g, cluster, a, placement=dev):
+        return False
+    return meets_bound(evaluate(g, cluster, a, placement=dev).objective, bound)
+
+
+def _stopper(model: _Model, g: Graph, labels: np.ndarray, cluster: Cluster, bound: float | None):
+    """The solution callback's test: ``check(objective_int, value)`` returns the incumbent as
+    (assignment, placement) when it meets ``bound``, else None; None without a bound.
+
+    Integer costs are at most S times the real ones, so an incumbent whose integer objective
+    is above S * bound * (1 + tol) cannot meet the bound: skipped without reading it (a
+    generous margin, as the real re-evaluated plan decides)."""
+    if bound is None or not math.isfinite(bound):
+        return None
+    ceiling = model.S * bound * (1 + OPTIMALITY_TOL) * (1 + 1e-9) + 1
+
+    def check(objective_int: float, value) -> tuple[np.ndarray, np.ndarray | None] | None:
+        if objective_int > ceiling:
+            return None
+        a = model.read_values(value)[labels]
+        dev = model.read_placement(value) if model.placed else None
+        return (a, dev) if _plan_meets(g, cluster, a, dev, bound) else None
+
+    return check
+
+
+def _warm_met_plan(
+    g: Graph,
+    cluster: Cluster,
+    hint: np.ndarray,
+    hint_dev: np.ndarray | None,
+    opts: CpsatOptions,
+    t0: float,
+    coarse_nodes: int,
+) -> Plan:
+    """The warm-start plan, which meets ``opts.stop_at``: FEASIBLE with the universal bound
+    here (the caller's certified bound proves it optimal; the search is skipped)."""
+    stats = {
+        "cpsat_status": "NOT_SOLVED",
+        "stopped": STOPPED_WARM,
+        "coarse_nodes": coarse_nodes,
+        "tie_break": {
+            "summary": "tie-break skipped (tie_break=false)"
+            if not opts.tie_break
+            else "tie-break skipped: it does not model the placement"
+        },
+    }
+    return make_plan(
+        g,
+        cluster,
+        hint,
+        "cpsat",
+        lower_bound=lower_bound(g, cluster),
+        status=FEASIBLE,
+        wall_seconds=time.perf_counter() - t0,
+        stats=stats,
+        placement=hint_dev,
+    )
 
 
 def _timed_out(
