@@ -1037,17 +1037,7 @@ def _warm_met_plan(
             else "tie-break skipped: it does not model the placement"
         },
     }
-    return make_plan(
-        g,
-        cluster,
-        hint,
-        "cpsat",
-        lower_bound=lower_bound(g, cluster),
-        status=FEASIBLE,
-        wall_seconds=time.perf_counter() - t0,
-        stats=stats,
-        placement=hint_dev,
-    )
+    return _hint_plan(g, cluster, hint, hint_dev, t0, stats)
 
 
 def _timed_out(
@@ -1071,6 +1061,12 @@ def _timed_out(
         "coarse_nodes": coarse_nodes,
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
+    return _hint_plan(g, cluster, hint, hint_dev, t0, stats)
+
+
+def _hint_plan(g, cluster, hint, hint_dev, t0: float, stats: dict) -> Plan:
+    """The warm-start plan (blocks ``hint`` on devices ``hint_dev``) without a search: FEASIBLE
+    with the universal bound; certify adds the certified one."""
     return make_plan(
         g,
         cluster,
