@@ -20,56 +20,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from solver.bounds.chain_io import Chain, largest_infeasible
+from solver.bounds.chain_io import Chain, bin_profile, largest_infeasible
 from solver.bounds.items import items
 from solver.cluster import Cluster
 from solver.graph import Graph
 
 MAX_GROUPS = 4  # the states are per-group bin counts: a few groups only
-
-
-def _profile(ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float) -> list:
-    """A bin starting in gap g with ``rest`` of that gap's volume: for every gap g2 it can end
-    in, ``(g2, y, y_cross)``, the volume of gap g2 it can still take when its inputs came over
-    a fast link, and (None when it cannot end there) when what s_{g-1}'s block sends it came
-    over the slow one (``extra_rate``: seconds added per second of fast link time)."""
-    size, act, fluid, m = ch.size, ch.act, ch.fluid, ch.m
-    out = []
-    load, peak, io_out = rest, 0.0, 0.0
-    io_in = ch.cut[g] if g > 0 else 0.0  # s_{g-1} is in an earlier bin
-    extra = extra_rate * io_in  # the gap cut comes from s_{g-1}'s block
-    seen: set[int] = set()
-    for g2 in range(g + 1, m + 1):
-        j = g2 - 1
-        load += size[j] + (fluid[j] if j > g else 0.0)
-        peak = max(peak, act[j])
-        if load + peak > cap:
-            break
-        for t, p, sec in ch.ins[j]:
-            if p < g and t not in seen:
-                seen.add(t)
-                io_in += sec
-                if p == g - 1:  # produced by s_{g-1}, in the block just before
-                    extra += extra_rate * sec
-        for last, sec in ch.outs[j]:
-            if last > j:
-                io_out += sec
-        for p, sec in ch.ends[j]:
-            if g <= p < j:
-                io_out -= sec
-        cut_out = ch.cut[g2] if g2 < m else 0.0
-        base = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
-        ys = []
-        for y in (base, base - Bm * extra):
-            if y < 0:
-                ys.append(None)
-                continue
-            sums = ch.sums[g2]
-            y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
-            ys.append(min(y, fluid[g2]))
-        if ys[0] is not None:
-            out.append((g2, ys[0], ys[1]))
-    return out
 
 
 def _spread(counts: tuple, sizes: tuple, r: int):
@@ -136,7 +92,7 @@ def feasible_groups(
                 rest = max(0.0, rest0 - r * cap)
                 key = (g, rest)
                 if key not in profiles:
-                    profiles[key] = _profile(ch, g, rest, cap, Bm, extra_rate)
+                    profiles[key] = bin_profile(ch, g, rest, cap, Bm, extra_rate)
                 prof = profiles[key]
                 if not prof:
                     continue

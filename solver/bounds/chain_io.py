@@ -152,35 +152,60 @@ def gap_cuts(cg: Graph, sep: np.ndarray, gap: np.ndarray, pos: np.ndarray) -> np
     return cuts
 
 
-def _expand(ch, g: int, i: int, rest: float, cap: float, Bm: float, best_i, best_x) -> None:
-    """Bin i + 1 starting in gap g with ``rest`` of its volume: update every gap it can end in."""
+def bin_profile(
+    ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float = 0.0
+) -> list:
+    """A bin starting in gap g with ``rest`` of that gap's volume: for every gap g2 it can end
+    in, ``(g2, y, y_cross)``, the volume of gap g2 it can still take when its inputs came over
+    a fast link, and (None when it cannot end there) when what s_{g-1}'s block sends it came
+    over the slow one (``extra_rate``: seconds added per second of fast link time)."""
     size, act, fluid, m = ch.size, ch.act, ch.fluid, ch.m
+    out = []
     load, peak, io_out = rest, 0.0, 0.0
     io_in = ch.cut[g] if g > 0 else 0.0  # s_{g-1} is in an earlier bin
+    extra = extra_rate * io_in  # the gap cut comes from s_{g-1}'s block
     seen: set[int] = set()
     for g2 in range(g + 1, m + 1):
         j = g2 - 1
         load += size[j] + (fluid[j] if j > g else 0.0)
         peak = max(peak, act[j])
         if load + peak > cap:
-            return
+            break
         for t, p, sec in ch.ins[j]:
             if p < g and t not in seen:
                 seen.add(t)
                 io_in += sec
+                if p == g - 1:  # produced by s_{g-1}, in the block just before
+                    extra += extra_rate * sec
         for last, sec in ch.outs[j]:
             if last > j:
                 io_out += sec
         for p, sec in ch.ends[j]:
             if g <= p < j:
-                io_out -= sec  # its last consumer joined the bin: no longer sent
-        cut_out = ch.cut[g2] if g2 < m else 0.0  # s_{g2} is in a later bin
-        y = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
-        if y < 0:
+                io_out -= sec
+        cut_out = ch.cut[g2] if g2 < m else 0.0
+        base = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
+        if base < 0:
             continue
-        sums = ch.sums[g2]  # the bin ends with whole nodes of gap g2: a subset of its items
-        y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
-        y = min(y, fluid[g2])
+        y = _room(ch, g2, base)
+        y_cross = (
+            y if extra == 0 else (_room(ch, g2, base - Bm * extra) if base >= Bm * extra else None)
+        )
+        out.append((g2, y, y_cross))
+    return out
+
+
+def _room(ch: Chain, g2: int, y: float) -> float:
+    """The volume of gap g2 a bin with ``y`` left can take: whole nodes of the gap, a subset
+    of its items (its subset sums), at most the gap's fluid part."""
+    sums = ch.sums[g2]
+    y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
+    return min(y, ch.fluid[g2])
+
+
+def _expand(ch, g: int, i: int, rest: float, cap: float, Bm: float, best_i, best_x) -> None:
+    """Bin i + 1 starting in gap g with ``rest`` of its volume: update every gap it can end in."""
+    for g2, y, _ in bin_profile(ch, g, rest, cap, Bm):
         if i + 1 < best_i[g2] or (i + 1 == best_i[g2] and y > best_x[g2]):
             best_i[g2], best_x[g2] = i + 1, y
 
