@@ -50,11 +50,9 @@ class ShardResult:
     @property
     def gap(self) -> float | None:
         """(objective - bound) / objective, None without a bound."""
-        if self.lower_bound is None:
-            return None
-        if self.objective <= 0:
-            return 0.0
-        return max(0.0, (self.objective - self.lower_bound) / self.objective)
+        from solver.plan import relative_gap
+
+        return relative_gap(self.objective, self.lower_bound)
 
 
 def check_options(time_limit: float, workers: int, seed: int) -> None:
