@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from solver.benchdata import KNOWN_OPTIMA, benchmark_dir, graph_path
+from solver.io import load_graph, resolve_cluster
 
 KNOWN = {key: opt for key, (_, _, opt) in KNOWN_OPTIMA.items()}  # optimum at the file's k
 TRAINING = [
@@ -23,5 +24,14 @@ TRAINING = [
 ]
 
 
+INFERENCE = list(KNOWN)
+GRAPHS = [*INFERENCE, *TRAINING]  # the 16 throughput graphs of dnn-partitioning
+
+
 def path(key: str) -> Path:
     return graph_path(key, benchmark_dir())
+
+
+def file_devices(key: str) -> int:
+    """The k a benchmark graph's file states (``maxFPGAs``), as ``mtpp solve`` reads it."""
+    return resolve_cluster(load_graph(path(key))).devices
