@@ -3,44 +3,110 @@
 The builders behind ``generate:`` graphs in experiment configs and behind the command line
 ``python models/build.py KIND ...``. Every model has random (seeded) weights, runs in
 onnxruntime, and reports its exact parameter count, which the tests compare with what the
-importer finds. :func:`check_params` refuses unknown or absurd builder parameters before
-anything is allocated.
+importer finds. :func:`check_params` refuses unknown builder parameters, and sizes whose
+build would not fit in this machine's memory, before anything is allocated.
+
+Weights go into the model's protobuf, or, with :class:`ExternalWeights`, are streamed into one
+external-data file as they are made: only one tensor is in memory at a time, so a model far
+larger than memory builds (a BERT-large in about a hundred MB of RSS).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.errors import MtppError
+from solver.io.onnx_ort import available_memory
+from solver.units import format_bytes
 
 OPSET = 17
 F = TensorProto.FLOAT
 
 
+INLINE_BYTES = 1024  # smaller tensors (shapes, axes, scalars) stay in the protobuf
+
+
+@dataclass
+class ExternalWeights:
+    """One external-data file that weights are streamed into as they are made: each tensor's
+    bytes are appended and only its location, offset and length stay in the model. The file is
+    written under a temporary name beside ``path`` and takes its name in :meth:`commit`."""
+
+    path: Path
+    offset: int = 0
+    _file: BinaryIO | None = None
+
+    @property
+    def partial(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.partial")
+
+    def store(self, tensor: TensorProto, arr: np.ndarray) -> None:
+        """Append ``arr`` (little-endian) and point ``tensor`` at it."""
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.partial, "wb")  # noqa: SIM115 (closed by commit/discard)
+        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        self._file.write(data.data)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", self.offset),
+                           ("length", data.nbytes)):  # fmt: skip
+            tensor.external_data.add(key=key, value=str(value))
+        self.offset += data.nbytes
+
+    def commit(self) -> None:
+        """Close the file and give it its final name."""
+        if self._file is not None:
+            self._file.close()
+            os.replace(self.partial, self.path)
+            self._file = None
+
+    def discard(self) -> None:
+        """Close and remove an unfinished file (a build that failed)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.partial.unlink(missing_ok=True)
+
+
 @dataclass
 class Builder:
-    """Collects nodes and initializers with unique names and counts parameters."""
+    """Collects nodes and initializers with unique names and counts parameters. Initializers
+    go straight into the model being built (or, with ``external``, into its data file)."""
 
     seed: int = 0
+    external: ExternalWeights | None = None
     nodes: list = field(default_factory=list)
-    inits: list = field(default_factory=list)
     params: int = 0
     buffers: int = 0  # stored float constants that are not trainable (counted as memory)
     _n: int = 0
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
+        self.proto = onnx.ModelProto()
 
     def name(self, base: str) -> str:
         self._n += 1
         return f"{base}_{self._n}"
+
+    def store(self, name: str, arr: np.ndarray) -> None:
+        """One initializer: inline, or streamed to the external file when it is not tiny."""
+        tensor = self.proto.graph.initializer.add()
+        if self.external is None or arr.nbytes < INLINE_BYTES:
+            tensor.CopyFrom(numpy_helper.from_array(arr, name))
+            return
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        tensor.dims.extend(arr.shape)
+        self.external.store(tensor, arr)
 
     def weight(
         self,
@@ -57,7 +123,7 @@ class Builder:
             fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
             s = scale if scale is not None else 1.0 / math.sqrt(max(1, fan_in))
             arr = (self.rng.standard_normal(shape) * s).astype(np.float32)
-        self.inits.append(numpy_helper.from_array(arr, name))
+        self.store(name, arr)
         if count:
             self.params += arr.size
         return name
@@ -65,7 +131,7 @@ class Builder:
     def const(self, base: str, values, dtype=np.int64) -> str:
         """A non-weight constant (shapes, axes): an initializer that is not a parameter."""
         name = self.name(base)
-        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        self.store(name, np.asarray(values, dtype=dtype))
         return name
 
     def op(self, op_type: str, inputs, base: str | None = None, n_out: int = 1, **attrs):
@@ -77,12 +143,38 @@ class Builder:
         return outs[0] if n_out == 1 else outs
 
     def model(self, name: str, inputs, outputs) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
-        m = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mtpp-models"
-        )
+        """The finished model, with inferred shapes (the weights are not copied)."""
+        m = self.proto
         m.ir_version = 8
-        return onnx.shape_inference.infer_shapes(m)
+        m.producer_name = "mtpp-models"
+        m.opset_import.add(domain="", version=OPSET)
+        m.graph.name = name
+        m.graph.node.extend(self.nodes)
+        m.graph.input.extend(inputs)
+        m.graph.output.extend(outputs)
+        inferred = onnx.shape_inference.infer_shapes(_without_weight_bytes(m)).graph
+        m.graph.value_info.extend(inferred.value_info)
+        del m.graph.output[:]
+        m.graph.output.extend(inferred.output)
+        return m
+
+
+def _without_weight_bytes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose large initializers keep their name, type and dims but no bytes
+    (shape inference needs nothing more, and never a second copy of the weights)."""
+    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    light.opset_import.extend(model.opset_import)
+    g = model.graph
+    light.graph.name = g.name
+    light.graph.node.extend(g.node)
+    light.graph.input.extend(g.input)
+    light.graph.output.extend(g.output)
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or len(t.raw_data) >= INLINE_BYTES:
+            light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    return light
 
 
 # ---------------------------------------------------------------------- transformer
@@ -141,11 +233,12 @@ def transformer(
     batch: int = 1,
     causal: bool = False,
     seed: int = 0,
+    external: ExternalWeights | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """Pre-LN transformer encoder (``causal=False``) or decoder-only LM (``causal=True``) with
     token + position embeddings; the decoder ties its LM head to the token embedding."""
     ffn = ffn or 4 * hidden
-    b = Builder(seed)
+    b = Builder(seed, external)
     tok = b.weight("tok_emb", [vocab, hidden], scale=0.02)
     pos = b.weight("pos_emb", [seq, hidden], scale=0.02)
     ids = "input_ids"
@@ -213,9 +306,10 @@ def resnet(
     classes: int = 100,
     batch: int = 1,
     seed: int = 0,
+    external: ExternalWeights | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """ResNet-style: stem, ``stages`` stages of basic residual blocks (width doubles)."""
-    b = Builder(seed)
+    b = Builder(seed, external)
     x = _conv_bn_relu(b, "image", 3, width, 3)
     c = width
     for s in range(stages):
@@ -242,9 +336,10 @@ def inception(
     classes: int = 100,
     batch: int = 1,
     seed: int = 0,
+    external: ExternalWeights | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """Inception-style: blocks of four parallel branches (1x1, 3x3, 5x5, pool) concatenated."""
-    b = Builder(seed)
+    b = Builder(seed, external)
     x = _conv_bn_relu(b, "image", 3, width, 3, stride=2)
     c = width
     for i in range(blocks):
@@ -270,10 +365,11 @@ def unet(
     classes: int = 2,
     batch: int = 1,
     seed: int = 0,
+    external: ExternalWeights | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """U-Net: an encoder of conv pairs and max-pools, a decoder that upsamples and concatenates
     the encoder's feature map of the same size (long skip connections)."""
-    b = Builder(seed)
+    b = Builder(seed, external)
     x, c, skips = "image", 3, []
     for d in range(depth):
         c_out = width * 2**d
@@ -295,12 +391,53 @@ def unet(
     return _image_model(b, "unet", out, batch, image)
 
 
+# ---------------------------------------------------------------------- vision transformer
+def vit(
+    image: int = 224,
+    patch: int = 16,
+    layers: int = 12,
+    hidden: int = 192,
+    heads: int = 3,
+    ffn: int | None = None,
+    classes: int = 1000,
+    batch: int = 1,
+    seed: int = 0,
+    external: ExternalWeights | None = None,
+) -> tuple[onnx.ModelProto, int]:
+    """Vision transformer (ViT-Ti by default): a patch-embedding Conv, a class token and
+    position embeddings, pre-LN encoder layers, a linear head on the class token."""
+    ffn = ffn or 4 * hidden
+    grid = image // patch
+    seq = grid * grid + 1
+    b = Builder(seed, external)
+    w = b.weight("patch.w", [hidden, 3, patch, patch])
+    bias = b.weight("patch.b", [hidden], value=0.0)
+    x = b.op("Conv", ["image", w, bias], kernel_shape=[patch, patch], strides=[patch, patch])
+    x = b.op("Reshape", [x, b.const("tokens_shape", [batch, hidden, seq - 1])])
+    x = b.op("Transpose", [x], perm=[0, 2, 1])
+    cls = b.weight("cls", [1, 1, hidden], scale=0.02)
+    cls = b.op("Expand", [cls, b.const("cls_shape", [batch, 1, hidden])])
+    pos = b.weight("pos", [1, seq, hidden], scale=0.02)
+    x = b.op("Add", [b.op("Concat", [cls, x], axis=1), pos])
+    for i in range(layers):
+        h = _attention(
+            b, _layernorm(b, x, hidden, f"l{i}.ln1"), batch, seq, hidden, heads, None, f"l{i}.attn"
+        )
+        x = b.op("Add", [x, h])
+        h = _linear(b, _layernorm(b, x, hidden, f"l{i}.ln2"), hidden, ffn, f"l{i}.fc1")
+        x = b.op("Add", [x, _linear(b, _gelu(b, h), ffn, hidden, f"l{i}.fc2")])
+    x = b.op("Gather", [_layernorm(b, x, hidden, "ln_f"), b.const("cls_index", 0)], axis=1)
+    out = _linear(b, x, hidden, classes, "head")
+    return _image_model(b, "vit", out, batch, image)
+
+
 BUILDERS = {
     "transformer": lambda **kw: transformer(causal=False, **kw),
     "decoder": lambda **kw: transformer(causal=True, **kw),
     "resnet": resnet,
     "inception": inception,
     "unet": unet,
+    "vit": vit,
 }
 
 # the checked-in small variants (models/small/*.onnx, each well under 5 MB)
@@ -313,61 +450,101 @@ SMALL = {
 }
 
 
-def save(model: onnx.ModelProto, path: Path) -> None:
-    """Save (large models with external data beside them), checked."""
+def save(model: onnx.ModelProto, path: Path, external: ExternalWeights | None = None) -> None:
+    """Save, checked. Weights already streamed to ``external`` (a file in the same folder) are
+    committed beside the model; otherwise a model over 1.5 GB gets its weights written to
+    ``PATH.data`` (one protobuf holds at most 2 GB)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    big = model.ByteSize() > 1_500_000_000
-    onnx.save(model, str(path), save_as_external_data=big, location=path.name + ".data")
+    if external is not None:
+        if external.path.parent.resolve() != path.parent.resolve():
+            raise ValueError(f"external weights {external.path} are not beside {path}")
+        external.commit()
+        onnx.save(model, str(path))
+    else:
+        big = model.ByteSize() > 1_500_000_000
+        onnx.save(model, str(path), save_as_external_data=big, location=path.name + ".data")
     onnx.checker.check_model(str(path))
 
 
 # ---------------------------------------------------------------------- sizes, checked first
-MAX_FLOATS = 2**29  # weights + one copy of every activation: 2 GiB of float32
+# What a build holds, as measured with /usr/bin/time -v (docs: models/build.py --help):
+BASE_BYTES = 256 * 2**20  # the interpreter with numpy, onnx and the builder loaded
+NODE_BYTES = 4096  # one node: its proto, its value_info, the copies shape inference makes
+PROTO_COPIES = 6  # the model, then onnx.save serializing it (protobuf grows its buffer)
+DRAW_BYTES = 12  # per float of the tensor being drawn: float64 samples, then float32
+
+
+@dataclass(frozen=True)
+class BuildSize:
+    """What building a model allocates, estimated from its parameters alone."""
+
+    weight_floats: int  # every stored float: parameters and buffers such as a causal mask
+    largest_floats: int  # the largest single tensor (what streaming holds at once)
+    nodes: int
+
+    def memory(self, external: bool) -> int:
+        """Peak bytes of the build: every weight held PROTO_COPIES times, or (``external``)
+        one tensor at a time."""
+        held = 0 if external else PROTO_COPIES * 4 * self.weight_floats
+        return BASE_BYTES + NODE_BYTES * self.nodes + DRAW_BYTES * self.largest_floats + held
 
 
 def _defaults(kind: str, params: dict) -> dict:
     fn = transformer if kind in ("transformer", "decoder") else BUILDERS[kind]
     sig = inspect.signature(fn)
-    kw = {k: p.default for k, p in sig.parameters.items() if k != "causal"}
+    kw = {k: p.default for k, p in sig.parameters.items() if k not in ("causal", "external")}
     kw.update(params)
     return kw
 
 
-def estimate_floats(kind: str, params: dict) -> int:
-    """An upper estimate of the floats a model holds (weights + activations), from its
-    parameters alone, so that absurd sizes are refused before anything is built."""
+def _encoder_size(p: dict, ends: int, end_largest: int) -> BuildSize:
+    """``p['layers']`` pre-LN encoder layers, plus ``ends`` floats of embeddings and heads."""
+    h, ffn = p["hidden"], p["ffn"] or 4 * p["hidden"]
+    per_layer = 4 * h * h + 2 * h * ffn + 9 * h + ffn
+    largest = max(3 * h * h + 3 * h, h * ffn, end_largest)
+    return BuildSize(p["layers"] * per_layer + ends, largest, 32 * p["layers"] + 16)
+
+
+def estimate_size(kind: str, params: dict) -> BuildSize:
+    """What building ``kind`` with ``params`` allocates, from the parameters alone (the
+    transformers' weights exactly, the CNNs' from above), so that sizes that cannot be built
+    are refused before anything is."""
     p = _defaults(kind, params)
-    bt = p["batch"]
+    h = p.get("hidden", 0)
     if kind in ("transformer", "decoder"):
-        h, s = p["hidden"], p["seq"]
-        ffn = p["ffn"] or 4 * h
-        per_layer = 4 * h * h + 2 * h * ffn + 10 * h
-        acts = bt * (p["heads"] * s * s * 3 + s * (ffn * 3 + h * 20))
-        return 2 * (p["vocab"] * h + s * h + s * s + p["layers"] * (per_layer + acts) + h * h)
-    im, w, bt = p["image"], p["width"], p["batch"]
-    floats = bt * 3 * im * im + p["classes"] * w * 2**8
-    if kind == "resnet":  # per block: two 3x3 convs (+ a 1x1), about 8 stored activations
-        for s in range(p["stages"]):
-            c, res = w * 2**s, max(1, im >> s)
-            floats += p["blocks"] * (20 * c * c + 8 * bt * c * res * res)
-    elif kind == "inception":  # per block: branches of 1x1, 3x3, 5x5 convs; 16 activations
-        c, res = w, max(1, im // 2)
+        s, table = p["seq"], p["vocab"] * h
+        # embeddings, final norm, and a causal mask (decoder) or a pooler (encoder)
+        tail = s * s if kind == "decoder" else h * h + h
+        return _encoder_size(p, table + s * h + 2 * h + tail, max(table, s * h, tail))
+    if kind == "vit":
+        seq = (p["image"] // p["patch"]) ** 2 + 1
+        patches = 3 * p["patch"] ** 2 * h + h
+        head = p["classes"] * h + p["classes"]
+        ends = patches + h + seq * h + 2 * h + head  # patches, class token, positions, norm
+        return _encoder_size(p, ends, max(patches, seq * h, head))
+    w = p["width"]
+    head = p["classes"] * w * 2**8
+    convs: list[int] = []  # weights of each conv layer (upper estimates)
+    if kind == "resnet":  # per block: two 3x3 convs and a 1x1 skip, with batch norms
+        convs = [20 * (w * 2**s) ** 2 for s in range(p["stages"]) for _ in range(p["blocks"])]
+    elif kind == "inception":  # per block: branches of 1x1, 3x3 and 5x5 convs
+        c = w
         for i in range(p["blocks"]):
             b = w * (i + 1) // 2 or 1
-            floats += 4 * c * b + 35 * b * b + 16 * bt * (c + b) * res * res
-            c, res = 4 * b, (max(1, res // 2) if i % 2 == 1 else res)
-    else:  # unet: encoder and decoder levels of two 3x3 convs each, 10 activations a level
-        for d in range(p["depth"] + 1):
-            c, res = w * 2**d, max(1, im >> d)
-            floats += 2 * (27 * c * c + 10 * bt * c * res * res)
-    return 2 * floats
+            convs.append(4 * c * b + 35 * b * b)
+            c = 4 * b
+    else:  # unet: encoder and decoder levels of two 3x3 convs each
+        convs = [2 * 27 * (w * 2**d) ** 2 for d in range(p["depth"] + 1)]
+    return BuildSize(sum(convs) + head, max([head, *convs]), 24 * len(convs) + 16)
 
 
-def check_params(kind: str, params: dict) -> None:
-    """Refuse unknown, non-integer, non-positive or absurdly large builder parameters."""
+def check_params(kind: str, params: dict, external: bool = False) -> None:
+    """Refuse unknown, non-integer or non-positive builder parameters, and sizes whose build
+    (in memory, or streaming the weights when ``external``) would not fit in the memory
+    available now."""
     if kind not in BUILDERS:
         raise MtppError(f"unknown model {kind!r}; choose one of {', '.join(BUILDERS)}")
-    valid = [k for k in _defaults(kind, {}) if k != "causal"]
+    valid = list(_defaults(kind, {}))
     for key, value in params.items():
         if key not in valid:
             raise MtppError(f"{kind}: unknown parameter {key!r}; valid ones: {', '.join(valid)}")
@@ -376,11 +553,18 @@ def check_params(kind: str, params: dict) -> None:
         if value < (0 if key in ("seed", "ffn") else 1):
             raise MtppError(f"{kind}: parameter {key!r} must be positive, got {value}")
     p = _defaults(kind, params)
-    if kind in ("transformer", "decoder") and p["hidden"] % p["heads"]:
+    if kind in ("transformer", "decoder", "vit") and p["hidden"] % p["heads"]:
         raise MtppError(f"{kind}: hidden {p['hidden']} is not a multiple of heads {p['heads']}")
-    n = estimate_floats(kind, params)
-    if n > MAX_FLOATS:
+    if kind == "vit" and not p["patch"] <= p["image"]:
+        raise MtppError(f"vit: patch {p['patch']} is larger than the image {p['image']}")
+    size = estimate_size(kind, params)
+    need, free = size.memory(external), available_memory()
+    if need > free:
+        hint = ""
+        if not external and size.memory(True) <= free:
+            hint = ", or stream the weights to a file (models/build.py --external-weights)"
         raise MtppError(
-            f"{kind}: these parameters make a model of about {n:.3g} floats, more than the "
-            f"{MAX_FLOATS:.3g} this builder allows; choose smaller sizes"
+            f"{kind}: building these parameters needs about {format_bytes(need)} of memory "
+            f"({size.weight_floats:.3g} floats of weights), more than the {format_bytes(free)} "
+            f"available; choose smaller sizes{hint}"
         )
