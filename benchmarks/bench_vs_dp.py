@@ -286,7 +286,15 @@ def measure(args: argparse.Namespace, dp_binary: Path | None, reuse: dict) -> li
             inst.agree += " (not the known optimum)"
         print(row(inst), flush=True)
         out.append(inst)
+        if args.json:  # after every instance: a long run that stops keeps what it measured
+            save(args.json, out, [])
     return out
+
+
+def save(file: Path, insts: list[Instance], lines: list[str]) -> None:
+    """The records and summary lines as JSON (NaN where a time is missing)."""
+    records = {"instances": [asdict(i) for i in insts], "summary": lines}
+    file.write_text(json.dumps(records, indent=1, default=str))
 
 
 def _nodes(key: str) -> int:
@@ -500,8 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"- end: {load_average()}")
     print("\n" + "\n".join(lines))
     if args.json:
-        records = {"instances": [asdict(i) for i in insts], "summary": lines}
-        args.json.write_text(json.dumps(records, indent=1, default=str))
+        save(args.json, insts, lines)
     return 0 if all(not i.agree.startswith("NO") for i in insts) else 1
 
 
