@@ -177,8 +177,10 @@ class Cluster:
 
     ``fast_memory`` is M (SRAM / HBM; what does not fit streams at ``slow_memory_bandwidth``,
     B_mem); ``capacity`` is the optional hard limit C; ``link_bandwidth`` is B; ``compute`` is
-    the reference device whose seconds ``work(v)`` counts. With a ``topology`` these are the
-    defaults: ask :meth:`device_memory`, :meth:`device_compute`, :meth:`link` and friends.
+    the reference device whose seconds ``work(v)`` counts; ``int8_compute`` (optional) is its
+    integer rate, which the ONNX importer uses for quantized multiply-adds. With a
+    ``topology`` these are the defaults: ask :meth:`device_memory`, :meth:`device_compute`,
+    :meth:`link` and friends.
 
     >>> c = Cluster(name="toy", devices=2, fast_memory=1e6, link_bandwidth=1e9)
     >>> c.devices, c.capacity
@@ -196,6 +198,7 @@ class Cluster:
     link_latency: float = 0.0
     description: str = ""
     topology: Topology | None = None
+    int8_compute: float | None = None
 
     def __post_init__(self) -> None:
         devices = _whole(self.devices)
@@ -207,12 +210,13 @@ class Cluster:
                 f"cluster {self.name!r}: devices must be >= 1 and at most {MAX_DEVICES}, "
                 f"got {self.devices}"
             )
-        for f in ("compute", "memory_bandwidth", "link_bandwidth", "slow_memory_bandwidth"):
+        rates = ("compute", "memory_bandwidth", "link_bandwidth", "slow_memory_bandwidth")
+        for f in rates + (("int8_compute",) if self.int8_compute is not None else ()):
             v = getattr(self, f)
             if not v > 0:  # also refuses NaN
                 raise MtppError(f"cluster {self.name!r}: {f} must be > 0, got {v}")
             if v < MIN_RATE:
-                unit = "FLOPS" if f == "compute" else "B/s"
+                unit = "B/s" if f.endswith("bandwidth") else "FLOPS"
                 raise MtppError(
                     f"cluster {self.name!r}: {f} must be at least {MIN_RATE:g} {unit}, got {v:g}"
                 )
@@ -316,6 +320,7 @@ class Cluster:
             link_bandwidth=max((bw for bw, _ in links), default=self.link_bandwidth),
             slow_memory_bandwidth=self.slow_memory_bandwidth,
             link_latency=min((lat for _, lat in links), default=self.link_latency),
+            int8_compute=self.int8_compute,
         )
         return flat, float(compute.max() / self.compute)
 
@@ -411,6 +416,8 @@ class Cluster:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topology"}
+        if self.int8_compute is None:
+            del d["int8_compute"]
         for key, val in d.items():
             if isinstance(val, float) and math.isinf(val):
                 d[key] = "inf"
@@ -427,6 +434,11 @@ class Cluster:
             f"slow memory {format_rate(self.slow_memory_bandwidth, 'B/s')}, "
             f"compute {format_rate(self.compute, 'FLOPS')}"
             + (f", link latency {format_time(self.link_latency)}" if self.link_latency else "")
+            + (
+                f", int8 compute {format_rate(self.int8_compute, 'OPS')}"
+                if self.int8_compute is not None
+                else ""
+            )
             + self.topology_summary()
         )
 
@@ -605,6 +617,7 @@ class ClusterConfig(BaseModel):
     link_bandwidth: Any = 1e9
     slow_memory_bandwidth: Any = 1e9
     link_latency: Any = 0.0
+    int8_compute: Any = None  # integer rate of quantized multiply-adds ("624TOPS"); None: compute
     topology: TopologyConfig | None = None
 
     def to_cluster(self, default_name: str, where: str = "cluster") -> Cluster:
@@ -637,6 +650,7 @@ class ClusterConfig(BaseModel):
             link_latency=q("link_latency", "time"),
             description=self.description,
             topology=topology,
+            int8_compute=None if self.int8_compute is None else q("int8_compute", "flops"),
         )
 
 

@@ -116,7 +116,7 @@ def _unit_scale(unit: str, kind: str) -> float | None:
                 return s * mult
         return None
     if kind == "flops":
-        for base in ("FLOPS", "FLOP/s", "flops", "flop/s"):
+        for base in ("FLOPS", "FLOP/s", "flops", "flop/s", "OPS", "OP/s"):  # OPS: integer rates
             s = _scale(unit, base)
             if s is not None:
                 return s

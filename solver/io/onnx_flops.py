@@ -11,6 +11,14 @@ Conventions (documented in docs/onnx.md):
 - Reductions: one per input element. Element-wise arithmetic: one per output element
   (variadic Sum/Max/Min/Mean: (inputs - 1) per element); transcendental activations a few
   (table below). Data movement (Reshape, Transpose, Gather, Concat, Slice, Cast, ...) is 0.
+- Quantized operators (int8 / uint8): MatMulInteger, ConvInteger, QLinearConv, QLinearMatMul,
+  QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul and QAttention count their multiply-adds
+  like the float operator (2 each), plus 2 per output element to rescale (QLinear*, QGemm,
+  *ToFloat) and one per element for a bias. Their multiply-adds are the node's *integer FLOPs*
+  (:func:`integer_flops`), which a cluster with an integer rate times at that rate.
+  DynamicQuantizeLinear 4 per element (min and max, scale, round and clip); QuantizeLinear and
+  DequantizeLinear 2 per element; the other QLinear* operators count as their float operator
+  plus 2 per output element.
 - Unknown operators count 0 and are reported once by the importer.
 """
 
@@ -18,6 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+
+from onnx import helper
 
 Shape = Sequence[int]
 
@@ -120,6 +130,21 @@ PER_ELEMENT_OUT = {
     "SimplifiedLayerNormalization": 6,
     "RMSNormalization": 6,
     "SkipLayerNormalization": 9,
+    # quantize: scale, round, add the zero point and clip; dequantize: subtract it and scale
+    "QuantizeLinear": 2,
+    "DequantizeLinear": 2,
+    # min and max of the tensor (2), then scale and round-and-clip every element (2)
+    "DynamicQuantizeLinear": 4,
+}
+REQUANTIZE = 2  # per output element of a quantized operator: scale, then the zero point
+# onnxruntime's QLinear* element-wise operators: the float operator's FLOPs per output element
+QLINEAR_ELEMENTWISE = {
+    "QLinearAdd": 1,
+    "QLinearMul": 1,
+    "QLinearLeakyRelu": 2,
+    "QLinearSigmoid": 4,
+    "QLinearSoftmax": 5,
+    "QLinearConcat": 0,
 }
 ZERO = {
     "Reshape",
@@ -156,8 +181,6 @@ ZERO = {
     "EyeLike",
     "Compress",
     "ReverseSequence",
-    "QuantizeLinear",
-    "DequantizeLinear",
     "TopK",
     "Unique",
     "Optional",
@@ -186,21 +209,26 @@ ZERO = {
 
 
 def _attr(node, name: str, default=None):
-    from onnx import helper
-
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
     return default
 
 
-def conv(node, ins: list, outs: list) -> float:
-    w, y = ins[1], outs[0]
+def _given(ins: list, i: int) -> bool:
+    """Whether optional input ``i`` is present."""
+    return len(ins) > i and ins[i] is not None
+
+
+def _conv_macs(w: Shape, y: Shape) -> int:
     # weight [Cout, Cin/group, k...]: every output element is a dot product of Cin/group * k
     # (groups and dilations change the output shape, which shape inference already applied)
-    macs = numel(y) * int(w[1]) * numel(w[2:])
-    bias = numel(y) if len(ins) > 2 and ins[2] is not None else 0
-    return 2.0 * macs + bias
+    return numel(y) * int(w[1]) * numel(w[2:])
+
+
+def conv(node, ins: list, outs: list) -> float:
+    bias = numel(outs[0]) if _given(ins, 2) else 0
+    return 2.0 * _conv_macs(ins[1], outs[0]) + bias
 
 
 def conv_transpose(node, ins: list, outs: list) -> float:
@@ -298,11 +326,116 @@ def rnn_like(node, ins: list, outs: list) -> float:
     return 2.0 * seq * batch * directions * gh * (inp + hidden)
 
 
+# ---------------------------------------------------------------------- quantized operators
+# Each counter below gives the multiply-adds done on integers (x 2); INTEGER_OPS maps an
+# operator to it, and OPS adds what the operator does besides (bias, rescaling, softmax).
+def conv_integer(node, ins: list, outs: list) -> float:
+    """ConvInteger(x, w, x_zero_point, w_zero_point) and QLinearConv(x, x_scale, x_zp, w, ...):
+    the multiply-adds of the convolution."""
+    w = ins[3] if node.op_type == "QLinearConv" else ins[1]
+    return 2.0 * _conv_macs(w, outs[0])
+
+
+def matmul_integer(node, ins: list, outs: list) -> float:
+    """MatMulInteger, QLinearMatMul, MatMulIntegerToFloat, DynamicQuantizeMatMul: A is the
+    first input in all of them."""
+    return matmul(node, ins, outs)
+
+
+def qgemm_integer(node, ins: list, outs: list) -> float:
+    """QGemm(A, a_scale, a_zp, B, b_scale, b_zp, C, y_scale, y_zp) (onnxruntime contrib)."""
+    a = ins[0]
+    k = int(a[0] if int(_attr(node, "transA", 0)) else a[1])
+    return 2.0 * numel(outs[0]) * k
+
+
+def qattention_integer(node, ins: list, outs: list) -> float:
+    """QAttention's Q, K, V projection: input [B, S, In] times weight [In, 3H] in integers."""
+    return 2.0 * numel(ins[0][:-1]) * numel(ins[1])
+
+
+def contrib_attention(node, ins: list, outs: list) -> float:
+    """onnxruntime's Attention / QAttention(input, weight, bias, ...): the Q, K, V projection,
+    Q K^T, softmax (5 per score) and the product with V; a past state lengthens the keys."""
+    b, s = int(ins[0][0]), int(ins[0][1])
+    hidden = int(outs[0][-1])
+    heads = int(_attr(node, "num_heads", 1))
+    past_at = 8 if node.op_type == "QAttention" else 4
+    past = ins[past_at] if _given(ins, past_at) else None  # [2, B, heads, P, head size]
+    length = s + (int(past[3]) if past is not None and len(past) == 5 else 0)
+    project = 2.0 * numel(ins[0][:-1]) * numel(ins[1]) + (b * s * numel(ins[2]))
+    scores = b * heads * s * length
+    return project + 2.0 * scores * (2 * hidden // heads) + 5.0 * scores
+
+
+INTEGER_OPS: dict[str, Callable] = {
+    "MatMulInteger": matmul_integer,
+    "ConvInteger": conv_integer,
+    "QLinearConv": conv_integer,
+    "QLinearMatMul": matmul_integer,
+    "QGemm": qgemm_integer,
+    "MatMulIntegerToFloat": matmul_integer,
+    "DynamicQuantizeMatMul": matmul_integer,
+    "QAttention": qattention_integer,
+}
+
+
+def qlinear_conv(node, ins: list, outs: list) -> float:
+    bias = numel(outs[0]) if _given(ins, 8) else 0
+    return conv_integer(node, ins, outs) + (REQUANTIZE * numel(outs[0])) + bias
+
+
+def qlinear_matmul(node, ins: list, outs: list) -> float:
+    return matmul_integer(node, ins, outs) + REQUANTIZE * numel(outs[0])
+
+
+def qgemm(node, ins: list, outs: list) -> float:
+    bias = numel(outs[0]) if _given(ins, 6) else 0
+    return qgemm_integer(node, ins, outs) + REQUANTIZE * numel(outs[0]) + bias
+
+
+def matmul_integer_to_float(node, ins: list, outs: list) -> float:
+    """MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp, b_zp, bias): rescaled to float."""
+    bias = numel(outs[0]) if _given(ins, 6) else 0
+    return matmul_integer(node, ins, outs) + REQUANTIZE * numel(outs[0]) + bias
+
+
+def dynamic_quantize_matmul(node, ins: list, outs: list) -> float:
+    """DynamicQuantizeMatMul(A, B, b_scale, b_zp, bias): quantizes A as DynamicQuantizeLinear
+    does, multiplies in integers, rescales to float."""
+    bias = numel(outs[0]) if _given(ins, 4) else 0
+    quantize = PER_ELEMENT_OUT["DynamicQuantizeLinear"] * numel(ins[0])
+    return quantize + matmul_integer(node, ins, outs) + REQUANTIZE * numel(outs[0]) + bias
+
+
+def qlinear_pool(node, ins: list, outs: list) -> float:
+    """QLinearAveragePool / QLinearGlobalAveragePool: the float pool, then requantized."""
+    if node.op_type == "QLinearGlobalAveragePool":
+        work = global_pool(node, ins, outs)
+    else:
+        work = pool(node, ins, outs)
+    return work + REQUANTIZE * numel(outs[0])
+
+
+def qlinear_elementwise(node, ins: list, outs: list) -> float:
+    return float((QLINEAR_ELEMENTWISE[node.op_type] + REQUANTIZE) * numel(outs[0]))
+
+
 OPS: dict[str, Callable] = {
     "Conv": conv,
     "ConvTranspose": conv_transpose,
     "MatMul": matmul,
-    "MatMulInteger": matmul,
+    "MatMulInteger": matmul_integer,
+    "ConvInteger": conv_integer,
+    "QLinearConv": qlinear_conv,
+    "QLinearMatMul": qlinear_matmul,
+    "QGemm": qgemm,
+    "MatMulIntegerToFloat": matmul_integer_to_float,
+    "DynamicQuantizeMatMul": dynamic_quantize_matmul,
+    "QAttention": contrib_attention,
+    "QLinearAveragePool": qlinear_pool,
+    "QLinearGlobalAveragePool": qlinear_pool,
+    **dict.fromkeys(QLINEAR_ELEMENTWISE, qlinear_elementwise),
     "Gemm": gemm,
     "Einsum": einsum,
     "Attention": attention,
@@ -328,6 +461,8 @@ def node_flops(node, ins: list, outs: list) -> float | None:
     warns once).
     """
     op = node.op_type
+    if op == "Attention" and node.domain == "com.microsoft":  # not the opset-23 Attention
+        return contrib_attention(node, ins, outs)
     if op in OPS:
         return float(OPS[op](node, ins, outs))
     if op in VARIADIC and len([s for s in ins if s is not None]) != 1:
@@ -342,3 +477,22 @@ def node_flops(node, ins: list, outs: list) -> float | None:
     if op in ZERO:
         return 0.0
     return None
+
+
+# float matrix operators that a runtime runs in integers when both operands come from
+# DequantizeLinear (the QDQ format of onnxruntime's static quantization)
+DEQUANTIZED_MATRIX_OPS: dict[str, Callable] = {
+    "Conv": conv_integer,
+    "MatMul": matmul_integer,
+    "Gemm": qgemm_integer,
+}
+
+
+def integer_flops(node, ins: list, outs: list, dequantized: bool = False) -> float:
+    """The part of :func:`node_flops` done on integers: the multiply-adds of the quantized
+    matrix operators in :data:`INTEGER_OPS`, and of a Conv / MatMul / Gemm whose two operands
+    are ``dequantized`` (both made by DequantizeLinear); 0 for every other operator."""
+    counter = INTEGER_OPS.get(node.op_type)
+    if counter is None and dequantized:
+        counter = DEQUANTIZED_MATRIX_OPS.get(node.op_type)
+    return 0.0 if counter is None else float(counter(node, ins, outs))

@@ -34,7 +34,7 @@ from solver.io.onnx_common import (
     subgraph_inputs,
     subgraphs,
 )
-from solver.io.onnx_flops import node_flops, numel
+from solver.io.onnx_flops import integer_flops, node_flops, numel
 from solver.io.onnx_load import LIGHT_LIMIT
 
 VIEW_OPS = {"Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
@@ -162,6 +162,8 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     # ---- 2. tensors (one per used output), edges, parameters, FLOPs
     n = len(cost_names)
     flops = np.zeros(n)
+    int_flops = np.zeros(n)  # the part of flops done on integers (quantized matrix operators)
+    made_by = {o: node.op_type for node in g.node for o in node.output}
     out_bytes = np.zeros(n)
     act = np.zeros(n)
     moved = np.zeros(n)
@@ -224,6 +226,9 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
             unknown_ops[op] += 1
             fl = 0.0
         flops[idx] = fl
+        if fl:
+            dequantized = all(made_by.get(x) == "DequantizeLinear" for x in node.input[:2])
+            int_flops[idx] = integer_flops(node, in_shapes, out_shapes, dequantized)
 
     # static ONNX nodes belong to the first cost node that reads what they computed
     first_reader: dict[str, int] = {}
@@ -249,7 +254,7 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         if node.op_type in CONTROL_FLOW:
             for pname, pbytes in body_weights(node, cost_names[idx]):
                 params.append((pname, pbytes, [idx]))
-    work_arr = work_times(work, flops, moved, cluster)
+    work_arr = work_times(work, flops, moved, cluster, int_flops)
     hints = {
         "format": "onnx",
         "onnx_nodes": len(g.node),
@@ -258,6 +263,8 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         "graph_outputs": [real(o.name) for o in g.output],
         "work_model": work,
     }
+    if int_flops.any():
+        hints["integer_flops"] = float(int_flops.sum())
     if unknown_ops:
         listed = ", ".join(f"{op} x{c}" for op, c in sorted(unknown_ops.items()))
         warnings.warn(f"FLOPs unknown for {listed}; counted as 0", stacklevel=2)
@@ -419,11 +426,20 @@ def is_weight(name: str, shapes) -> bool:
     return is_weight_type(et)
 
 
-def work_times(model: str, flops: np.ndarray, moved: np.ndarray, cluster) -> np.ndarray:
-    """Per-node seconds: roofline max(FLOPs / compute, bytes moved / memory bandwidth), or
-    compute-bound FLOPs / compute (``flops``)."""
+def work_times(
+    model: str, flops: np.ndarray, moved: np.ndarray, cluster, integer: np.ndarray | None = None
+) -> np.ndarray:
+    """Per-node seconds: roofline max(compute time, bytes moved / memory bandwidth), or the
+    compute-bound compute time (``flops``). The compute time is FLOPs / compute; when the
+    cluster states an ``int8_compute``, the ``integer`` part of each node's FLOPs (quantized
+    multiply-adds) takes integer FLOPs / int8_compute instead."""
+    rate = getattr(cluster, "int8_compute", None)
+    if integer is None or rate is None or not integer.any():
+        compute = flops / cluster.compute
+    else:
+        compute = (flops - integer) / cluster.compute + integer / rate
     if model == "roofline":
-        return np.maximum(flops / cluster.compute, moved / cluster.memory_bandwidth)
+        return np.maximum(compute, moved / cluster.memory_bandwidth)
     if model == "flops":
-        return flops / cluster.compute
+        return compute
     raise ValueError(model)
