@@ -210,6 +210,25 @@ CASES = {
         120 + 30,
         120,
     ),
+    # 4-bit weights, float A [2, 16] x B [16, 8] packed as [8, 1 block, 8 bytes]: as MatMul
+    "MatMulNBits": (
+        helper.make_node(
+            "MatMulNBits",
+            ["a", "b", "b_s"],
+            ["y"],
+            name="n",
+            domain="com.microsoft",
+            K=16,
+            N=8,
+            bits=4,
+            block_size=16,
+        ),
+        [vi("a", [2, 16])],
+        [ints("b", [8, 1, 8], np.uint8), const("b_s", np.full(8, SCALE))],
+        ([2, 8], F),
+        2 * 2 * 8 * 16,
+        0,
+    ),
 }
 
 

@@ -363,7 +363,8 @@ def contrib_attention(node, ins: list, outs: list) -> float:
     past_at = 8 if node.op_type == "QAttention" else 4
     past = ins[past_at] if _given(ins, past_at) else None  # [2, B, heads, P, head size]
     length = s + (int(past[3]) if past is not None and len(past) == 5 else 0)
-    project = 2.0 * numel(ins[0][:-1]) * numel(ins[1]) + (b * s * numel(ins[2]))
+    bias = b * s * numel(ins[2]) if _given(ins, 2) else 0
+    project = 2.0 * numel(ins[0][:-1]) * numel(ins[1]) + bias
     scores = b * heads * s * length
     return project + 2.0 * scores * (2 * hidden // heads) + 5.0 * scores
 
@@ -432,6 +433,7 @@ OPS: dict[str, Callable] = {
     "QGemm": qgemm,
     "MatMulIntegerToFloat": matmul_integer_to_float,
     "DynamicQuantizeMatMul": dynamic_quantize_matmul,
+    "MatMulNBits": matmul,  # contrib, 4-bit weights: A [..., K] is float, B packed
     "QAttention": contrib_attention,
     "QLinearAveragePool": qlinear_pool,
     "QLinearGlobalAveragePool": qlinear_pool,
