@@ -36,6 +36,16 @@ MAX_WORKERS = 1024
 PLACING_METHODS = ("manual", "cpsat", "brute")  # they choose (or are given) the devices
 
 
+@dataclass(frozen=True)
+class Incumbent:
+    """A valid plan known before the search: its objective and assignment (original graph;
+    None with an infinite objective when no quick plan fits)."""
+
+    objective: float
+    assignment: np.ndarray | None
+    seconds: float
+
+
 @dataclass
 class SolveOptions:
     """Options shared by the methods; ``extra`` holds method-specific ones."""
@@ -48,6 +58,10 @@ class SolveOptions:
     extra: dict = field(default_factory=dict)
     # a certified lower bound of this very problem (set by solve): cpsat stops at a plan meeting it
     certified_bound: float | None = None
+    # the warm-start plan solve found before the bounds (cpsat starts from it)
+    incumbent: Incumbent | None = None
+    # seconds solve spent before the method (bounds, warm start): the tie-break's yardstick
+    spent_before: float = 0.0
 
 
 # ---------------------------------------------------------------- option checking
@@ -82,7 +96,11 @@ def _frac(lo_open: bool, hi_open: bool) -> OptionSpec:
 
 
 METHOD_OPTIONS: dict[str, dict[str, OptionSpec]] = {
-    "cpsat": {"cpsat_params": OptionSpec(dict), "tie_break": OptionSpec(bool)},
+    "cpsat": {
+        "cpsat_params": OptionSpec(dict),
+        "tie_break": OptionSpec(bool),
+        "tie_break_seconds": OptionSpec(float, lambda v: v >= 0, ">= 0"),
+    },
     "slicegraph": {
         "population": _int(2, 100_000),
         "generations": _int(0),
@@ -489,7 +507,10 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
             prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
             return plan
         prog.note("warm start (slicing topological orders)")
-        best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
+        if opts.incumbent is not None:  # solve found it before the bounds
+            best, hint = opts.incumbent.objective, opts.incumbent.assignment
+        else:
+            best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
         dp_best, dp_hint = hint_of(dp, g)
         if dp_best < best:
             best, hint = dp_best, dp_hint
@@ -517,6 +538,8 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
             on_progress=prog.update if opts.progress else None,
             params=dict(opts.extra.get("cpsat_params", {})),
             tie_break=bool(opts.extra.get("tie_break", True)),
+            tie_break_seconds=opts.extra.get("tie_break_seconds"),
+            spent_before=opts.spent_before + heur_s,
             stop_at=opts.certified_bound,
         )
         prog.note("building the CP-SAT model")
@@ -728,8 +751,10 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     """Run ``method`` on graph ``g`` and cluster; None when no valid plan exists.
 
     The certified lower bounds of :mod:`solver.bounds` get a share of the time limit
-    (:data:`BOUND_SHARE`, at most :data:`BOUND_MAX_SECONDS`) and the method the rest; the plan
-    carries the larger of its method's own bound and the certified one (:func:`certify`).
+    (:data:`BOUND_SHARE`, at most :data:`BOUND_MAX_SECONDS`) and stop as soon as one meets a
+    known plan; the plan carries the larger of its method's own bound and the certified one
+    (:func:`certify`). cpsat gets its warm start first and the bounds next (it stops at a plan
+    meeting them); every other method runs first and its plan is the one the bounds try to meet.
     """
     try:
         fn = METHODS[method]
@@ -746,25 +771,59 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     if method != "manual":
         _check_memory(method, cg, k, opts.extra)
     budget = min(BOUND_MAX_SECONDS, BOUND_SHARE * opts.time_limit)
-    rep = certified_bound(g, cluster, budget)
+    if method == "cpsat":
+        return _solve_exact(fn, g, cluster, k, opts, budget)
+    rest = replace(opts, time_limit=opts.time_limit - budget)  # the bounds run after it
+    plan = _run_method(fn, g, cluster, k, rest, method)
+    if plan is None:
+        return None
+    return certify(g, cluster, plan, certified_bound(g, cluster, budget, plan.objective))
+
+
+def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, budget: float):
+    """cpsat: the warm start, the bounds (they stop once one meets it), then the method with
+    both; it solves this very problem (k blocks as good as every device), so the certified
+    bound holds for it, and it stops as soon as its plan meets it."""
+    inc = warm_incumbent(g, cluster, k, WARM_START_SHARE * opts.time_limit)
+    rep = certified_bound(g, cluster, budget, None if inc is None else inc.objective)
     # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
-    opts = replace(opts, time_limit=max(0.05, opts.time_limit - rep.seconds))
-    if not cluster.homogeneous and method not in PLACING_METHODS:
-        plan = _plan_then_place(fn, g, cluster, k, opts, method)
-        return None if plan is None else certify(g, cluster, plan, rep)
-    # the method solves this very problem (k blocks as good as every device): the certified
-    # bound holds for it, and cpsat stops as soon as its plan meets it
-    opts = replace(opts, certified_bound=rep.value)
-    if method == "manual" or k == cluster.devices or not cluster.homogeneous:
-        # manual: its device numbers come from the file; cpsat and brute choose the devices
-        # themselves on a heterogeneous cluster, so they see every device even with fewer
-        # blocks than devices
-        plan = fn(g, cluster, opts)
-    else:
-        plan = fn(g, cluster.with_devices(k), opts)
-        plan = None if plan is None else _widen(plan, g, cluster)
+    spent = rep.seconds + (0.0 if inc is None else inc.seconds)
+    opts = replace(
+        opts,
+        time_limit=max(0.05, opts.time_limit - spent),
+        certified_bound=rep.value,
+        incumbent=inc,
+        spent_before=spent,
+    )
+    plan = _run_method(fn, g, cluster, k, opts, "cpsat")
+    if plan is not None and inc is not None:
+        plan.wall_seconds += inc.seconds
     return None if plan is None else certify(g, cluster, plan, rep)
+
+
+def warm_incumbent(g: Graph, cluster: Cluster, k: int, seconds: float) -> Incumbent | None:
+    """The quick heuristics' best plan on k blocks (:func:`quick_assignment`, the exact
+    solver's warm start) on a homogeneous cluster; None on one whose devices or links differ
+    (there cpsat chooses the devices, and its warm start is placed first)."""
+    if not cluster.homogeneous:
+        return None
+    t0 = time.perf_counter()
+    val, a = quick_assignment(g, cluster.with_devices(k), deadline=t0 + seconds)
+    return Incumbent(val, a, time.perf_counter() - t0)
+
+
+def _run_method(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, method: str):
+    """``fn`` on k blocks: placed after planning on a cluster whose devices or links differ
+    (heuristics), on every device (manual, which names them; cpsat and brute on such a
+    cluster, which choose them), else on k blocks widened to every device."""
+    opts = replace(opts, time_limit=max(0.05, opts.time_limit))
+    if not cluster.homogeneous and method not in PLACING_METHODS:
+        return _plan_then_place(fn, g, cluster, k, opts, method)
+    if method == "manual" or k == cluster.devices or not cluster.homogeneous:
+        return fn(g, cluster, opts)
+    plan = fn(g, cluster.with_devices(k), opts)
+    return None if plan is None else _widen(plan, g, cluster)
 
 
 def _run_blocks(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions) -> Plan | None:
@@ -930,8 +989,9 @@ def place_plan(g: Graph, cluster: Cluster, plan: Plan) -> Plan | None:
     )
 
 
-def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
-    """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``).
+def certified_bound(g: Graph, cluster: Cluster, time_limit: float, target: float | None = None):
+    """The certified lower bounds of :mod:`solver.bounds` (a ``BoundReport``); ``target``, the
+    objective of a known plan, stops them as soon as one meets it.
 
     On a cluster whose devices or links differ: :func:`solver.bounds.topology.topology_bound`
     (the bounds on ``cluster.relaxation()``, the universal bound, and the group-labelled chains
@@ -941,7 +1001,7 @@ def certified_bound(g: Graph, cluster: Cluster, time_limit: float):
     from solver.bounds.topology import topology_bound
 
     if cluster.homogeneous:
-        return certified_lower_bound(g, cluster, time_limit=time_limit)
+        return certified_lower_bound(g, cluster, time_limit=time_limit, target=target)
     return topology_bound(g, cluster, time_limit)
 
 

@@ -402,3 +402,50 @@ def test_ideal_dp_meets_the_known_optimum_of_bert_l12():
     res, a = _dp(g, c)
     assert res.optimal and evaluate(g, c, a).objective == pytest.approx(opt, rel=1e-9)
     assert res.lower <= opt and res.lower == pytest.approx(opt, rel=1e-8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_bounds_with_an_incumbent_stay_below_the_optimum_and_stop_when_met(prob):
+    """With a known plan's cost as the target, the report is still a proven bound (never above
+    brute force) and, once the best bound meets the target, no further bound is computed."""
+    g, c = prob
+    truth = brute_force(g, c)
+    if truth is None:
+        return
+    rep = certified_lower_bound(g, c, time_limit=1.0, target=truth.objective)
+    assert rep.value <= truth.objective * (1 + TOL) + TOL
+    assert rep.value == max(rep.bounds.values()) == rep.bounds[rep.binding]
+    met = truth.objective <= rep.value * (1 + 1e-6)
+    computed = [name for name in ("chain io", "work io chain", "decision") if name in rep.bounds]
+    if met and rep.binding in ("universal", "chain", "work chain"):
+        assert not computed  # met by the cheap bounds: the costly ones never ran
+        assert all(v.startswith("not needed") for v in rep.skipped.values())
+
+
+def test_bounds_stop_at_the_incumbent_without_the_packings():
+    """A chain of 5 layers (optimum 13 on 2 devices, found by the chain bound in microseconds):
+    with the optimum as the target, the CP-SAT packings are skipped and said to be."""
+    g = _chain(5, 10.0, 1.0)
+    c = Cluster("toy", 2, fast_memory=20.0, slow_memory_bandwidth=1.0)
+    truth = brute_force(g, c).objective
+    rep = certified_lower_bound(g, c, time_limit=2.0, ideals=False, target=truth)
+    assert rep.binding == "chain" and rep.value == pytest.approx(13.0, rel=1e-6)
+    assert "decision" not in rep.bounds and "work packing" not in rep.bounds
+    assert rep.skipped["decision"] == "not needed: chain meets the incumbent"
+    assert rep.to_dict()["skipped"] == rep.skipped
+    # without a target every bound runs on its own (the full report)
+    full = certified_lower_bound(g, c, time_limit=2.0, ideals=False)
+    assert not full.skipped and full.bounds["decision"] == pytest.approx(13.0, rel=1e-4)
+
+
+def test_packing_search_above_a_proven_bound_returns_it_when_nothing_is_above():
+    """5 items of 3 in 2 bins: the least capacity is 9 (3 + 3 + 3); from lo = 9 (a packing
+    exists just above it) nothing more is proven and lo comes back; from lo = 4 the search
+    finds 9 again, within its tolerance."""
+    size, act = np.full(5, 3.0), np.zeros(5)
+    assert smallest_capacity(size, act, 2, 9.0, 15.0, 5.0, probe_lo=True) == 9.0
+    found = smallest_capacity(size, act, 2, 4.0, 15.0, 5.0, probe_lo=True)
+    assert found == pytest.approx(9.0, rel=1e-4) and found < 9.0
+    # a search capped by a known plan's cost never goes above it
+    assert work_packing_bound(items(_chain(5, 0.0, 3.0)), 2, 2.0, 0.0, 8.5) <= 8.5

@@ -9,9 +9,16 @@ from hypothesis import HealthCheck, given, settings
 
 from solver.cluster import Cluster
 from solver.cost import evaluate, validate
+from solver.errors import MtppError
 from solver.exact.brute import all_assignments, brute_force
 from solver.exact.cpsat import CpsatOptions, _Model, solve_cpsat
-from solver.exact.tiebreak import tie_break
+from solver.exact.tiebreak import (
+    TIE_BREAK_MAIN_SHARE,
+    TIE_BREAK_MIN_SECONDS,
+    TIE_BREAK_SHARE,
+    tie_break,
+    tie_break_budget,
+)
 from solver.graph import Graph, coarse_view
 from solver.methods import SolveOptions, quick_assignment, solve
 from solver.plan import OPTIMAL
@@ -230,3 +237,35 @@ def g_to_native(g: Graph) -> dict:
         ],
         "edges": [[g.names[u], g.names[v]] for u, v in zip(g.e_src, g.e_dst, strict=True)],
     }
+
+
+def test_tie_break_budget_is_a_share_of_what_is_left_and_of_the_main_solve():
+    # a 25 s search with 40 s left: half the search (12.5 s), under 20% of what is left (8 s)
+    assert tie_break_budget(40.0, 25.0) == pytest.approx(TIE_BREAK_SHARE * 40.0)
+    assert tie_break_budget(100.0, 25.0) == pytest.approx(TIE_BREAK_MAIN_SHARE * 25.0)
+    # a fast solve stays fast: never more than the main solve (or the small floor)
+    assert tie_break_budget(59.0, 0.03) == pytest.approx(TIE_BREAK_MIN_SECONDS)
+    assert tie_break_budget(59.0, 1.0) <= 1.0
+    # the user's budget wins, within what is left
+    assert tie_break_budget(59.0, 0.03, asked=5.0) == 5.0
+    assert tie_break_budget(2.0, 0.03, asked=5.0) == 2.0
+    assert tie_break_budget(0.0, 10.0) == 0.0
+
+
+def test_tie_break_stopped_early_says_what_it_found_and_that_it_is_not_proven():
+    """A tie-break with no time for a proof names the transfer it keeps and says "not proven"."""
+    g, c = _two_cut_graph()
+    small = np.array([0, 0, 0, 1])
+    _, stats = tie_break(_Model(g, c, small), g, np.arange(g.n), c, small, 0.0, {})
+    assert "not proven least" in stats["summary"] and "stopped after" in stats["summary"]
+    assert stats["budget_seconds"] == 0.0
+
+
+def test_cpsat_tie_break_seconds_option_is_checked_and_used():
+    g, c = _two_cut_graph()
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=10, extra={"tie_break_seconds": 2.0}))
+    assert plan.status == OPTIMAL
+    assert plan.stats["tie_break"]["budget_seconds"] == pytest.approx(2.0, abs=0.01)
+    with pytest.raises(MtppError) as err:
+        solve(g, c, "cpsat", SolveOptions(extra={"tie_break_seconds": -1.0}))
+    assert str(err.value) == "option 'tie_break_seconds' for cpsat must be a number >= 0, got -1.0"

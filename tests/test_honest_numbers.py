@@ -191,7 +191,7 @@ def universal_only(monkeypatch):
     from solver.bounds import BoundReport
     from solver.cost import lower_bound
 
-    def universal(g, cluster, time_limit):
+    def universal(g, cluster, time_limit, target=None):
         v = float(lower_bound(g, cluster))
         return BoundReport(v, "universal", {"universal": v}, 0.0)
 

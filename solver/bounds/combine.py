@@ -13,6 +13,7 @@ from solver.bounds.items import items
 from solver.bounds.weights import capacity_infeasible, weights_bound
 from solver.cluster import Cluster
 from solver.graph import Graph, coarse_view
+from solver.plan import OPTIMALITY_TOL
 
 # share of the time limit each CP-SAT packing bound may spend; the chains without io are
 # instant and the chains with io take the rest
@@ -28,12 +29,16 @@ class BoundReport:
     """A lower bound no plan can beat, the bound that gives it, and every bound's value.
 
     ``value`` is ``inf`` only when it is proven that no plan meets the hard capacity.
+    ``skipped``: the bounds not computed, each with the reason (a bound that met the incumbent
+    makes the rest unnecessary; a packing bound that proves nothing above the best one so far
+    is not reported as a value of its own).
     """
 
     value: float
     binding: str
     bounds: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def infeasible(self) -> bool:
@@ -41,12 +46,62 @@ class BoundReport:
         return math.isinf(self.value)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "value": self.value,
             "binding": self.binding,
             "bounds": dict(self.bounds),
             "seconds": self.seconds,
         }
+        if self.skipped:
+            out["skipped"] = dict(self.skipped)
+        return out
+
+
+@dataclass
+class _BoundRun:
+    """The bounds computed so far, the clock, and the incumbent they try to meet."""
+
+    t0: float
+    time_limit: float
+    target: float | None
+    vals: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def best(self) -> float:
+        return max(self.vals.values(), default=0.0)
+
+    def left(self) -> float:
+        return max(0.0, self.time_limit - (time.perf_counter() - self.t0))
+
+    def met(self) -> bool:
+        """True when the best bound meets the incumbent (within OPTIMALITY_TOL, the test
+        make_plan applies to OPTIMAL): no other bound can add anything."""
+        t = self.target
+        return t is not None and math.isfinite(t) and t <= self.best * (1 + OPTIMALITY_TOL)
+
+    def skip_rest(self, names: tuple[str, ...]) -> None:
+        name = max(self.vals, key=lambda x: self.vals[x])
+        for rest in names:
+            if rest not in self.vals:
+                self.skipped.setdefault(rest, f"not needed: {name} meets the incumbent")
+
+    def packing(self, name: str, value: float) -> None:
+        """A packing bound searched above the best so far: its value only when it proved more."""
+        if value > self.best:
+            self.vals[name] = value
+        else:
+            self.skipped[name] = f"proved nothing above {self.best:.10g}"
+
+    def report(self) -> BoundReport:
+        vals = {key: float(v) for key, v in self.vals.items()}
+        name = max(vals, key=lambda x: vals[x])
+        return BoundReport(
+            vals[name], name, vals, time.perf_counter() - self.t0, dict(self.skipped)
+        )
+
+
+ORDER = ("chain io", "work io chain", "ideals", "weights", "decision", "work packing")
 
 
 def certified_lower_bound(
@@ -55,11 +110,17 @@ def certified_lower_bound(
     time_limit: float = 5.0,
     k: int | None = None,
     ideals: bool = True,
+    target: float | None = None,
 ) -> BoundReport:
     """Every bound of docs/bounds.md for ``g`` on ``cluster`` with k blocks (default: its
     devices); the value is their maximum, so it holds for every valid plan. When the exact DP
     over the ideals (``ideals``) proves the optimum, the other relaxations are not computed:
-    none can be larger."""
+    none can be larger.
+
+    Cheapest first: the universal bound and the chains (milliseconds), the chains with io,
+    then the CP-SAT packings, each searched only above the best bound so far. ``target``, the
+    objective of a known plan (the incumbent): the bounds stop as soon as the best one meets
+    it (the rest are listed in ``skipped``), and the packings search no higher than it."""
     from solver.cost import lower_bound
 
     t0 = time.perf_counter()
@@ -67,44 +128,72 @@ def certified_lower_bound(
     it = items(g)
     if capacity_infeasible(it, cluster, k, min(1.0, 0.1 * time_limit)):
         return BoundReport(math.inf, "capacity", {"capacity": math.inf}, time.perf_counter() - t0)
-    vals = {"universal": float(lower_bound(g, cluster, k))}
-    vals["chain"] = chain_bound(g, it, cluster, k)
-    vals["work chain"] = work_chain_bound(g, it, k)
+    run = _BoundRun(t0, time_limit, target)
+    run.vals["universal"] = float(lower_bound(g, cluster, k))
+    run.vals["chain"] = chain_bound(g, it, cluster, k)
+    run.vals["work chain"] = work_chain_bound(g, it, k)
     # the DP goes first with most of the time when there is enough of it (it is the only bound
     # that can be exact); with a short budget (evaluate's) the relaxations go first
     first = ideals and time_limit >= IDEALS_MIN_SECONDS
-    if first:
-        dp = ideal_chain(g, cluster, k, max(vals.values()), IDEALS_SHARE * time_limit)
-        if dp is not None and dp.lower > 0:
-            vals["ideals"] = dp.lower
-            if dp.optimal:  # the exact optimum: no other bound can be larger
-                return _report(vals, t0)
-    for name, fn in (
-        ("weights", lambda t: weights_bound(it, cluster, k, t)),
-        ("decision", lambda t: decision_bound(it, cluster, k, t)),
-        ("work packing", lambda t: work_packing_bound(it, k, t)),
+    for stage in (
+        lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit),
+        lambda: _io_chains(run, g, it, cluster, k),
+        lambda: _packings(run, it, cluster, k),
+        lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
     ):
-        vals[name] = fn(SHARES[name] * time_limit)
-    # the io chains refine the io-free chains (valid starting points); they share what is left
-    # (with memory only when memory binds at all: otherwise the work chain is the one to refine)
-    left = max(0.0, time_limit - (time.perf_counter() - t0))
-    vals["chain io"] = (
-        chain_io_bound(g, it, cluster, k, vals["chain"], left / 2) if vals["chain"] > 0 else 0.0
+        if run.met():
+            run.skip_rest(ORDER)
+            break
+        if stage() is _EXACT:
+            break
+    return run.report()
+
+
+_EXACT = object()  # a stage's answer when it proved the optimum: no other bound is larger
+
+
+def _ideals(run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float):
+    dp = ideal_chain(g, cluster, k, run.best, seconds)
+    if dp is not None and dp.lower > 0:
+        run.vals["ideals"] = dp.lower
+        if dp.optimal:  # the exact optimum: no other bound can be larger
+            return _EXACT
+    return None
+
+
+def _io_chains(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
+    """The io chains refine the io-free chains (valid starting points); they share what is
+    left (with memory only when memory binds at all: otherwise the work chain is the one to
+    refine). Both are fast: a greedy bin count per probe."""
+    chain = run.vals["chain"]
+    run.vals["chain io"] = (
+        chain_io_bound(g, it, cluster, k, chain, run.left() / 2) if chain > 0 else 0.0
     )
-    left = max(0.0, time_limit - (time.perf_counter() - t0))
-    vals["work io chain"] = chain_io_bound(g, it, cluster, k, vals["work chain"], left, False)
-    if ideals and not first:
-        left = max(0.0, time_limit - (time.perf_counter() - t0))
-        dp = ideal_chain(g, cluster, k, max(vals.values()), left)
-        if dp is not None and dp.lower > 0:
-            vals["ideals"] = dp.lower
-    return _report(vals, t0)
+    if run.met():
+        return
+    run.vals["work io chain"] = chain_io_bound(
+        g, it, cluster, k, run.vals["work chain"], run.left() / 2, False
+    )
 
 
-def _report(vals: dict, t0: float) -> BoundReport:
-    vals = {key: float(v) for key, v in vals.items()}
-    name = max(vals, key=lambda x: vals[x])
-    return BoundReport(vals[name], name, vals, time.perf_counter() - t0)
+def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
+    """The CP-SAT packings, each with its share of the time. With an incumbent, each is
+    searched only above the best bound so far and below the incumbent (no bound exceeds a
+    plan's cost); without one, each on its own (every bound's own value is reported)."""
+    fast = run.target is not None
+    hi = run.target if fast else math.inf
+    for name, fn in (
+        ("weights", lambda t, lo: weights_bound(it, cluster, k, t)),
+        ("decision", lambda t, lo: decision_bound(it, cluster, k, t, lo, hi)),
+        ("work packing", lambda t, lo: work_packing_bound(it, k, t, lo, hi)),
+    ):
+        if run.met():
+            return
+        seconds = min(SHARES[name] * run.time_limit, run.left())
+        if name == "weights" or not fast:
+            run.vals[name] = fn(seconds, 0.0)
+        else:
+            run.packing(name, fn(seconds, run.best))
 
 
 def ideal_chain(g: Graph, cluster: Cluster, k: int, lower: float, time_limit: float):

@@ -21,21 +21,39 @@ from solver.bounds.packing import smallest_capacity
 from solver.cluster import Cluster
 
 
-def work_packing_bound(it: Items, k: int, time_limit: float = 1.0) -> float:
-    """Largest T proven: the nodes' works do not fit into k bins of capacity T."""
+def work_packing_bound(
+    it: Items, k: int, time_limit: float = 1.0, lo: float = 0.0, hi: float = math.inf
+) -> float:
+    """Largest T proven: the nodes' works do not fit into k bins of capacity T. The search
+    stays in [``lo``, ``hi``]: ``lo`` is returned when nothing above it is proven (the caller
+    vouches for it: 0 or a proven bound), and no plan costs less than a proven bound, so
+    ``hi`` may be the cost of a known plan."""
     total = float(it.work.sum())
     if total <= 0:
-        return 0.0
-    return smallest_capacity(it.work, np.zeros_like(it.work), k, 0.0, total, time_limit)
+        return lo
+    return smallest_capacity(
+        it.work, np.zeros_like(it.work), k, lo, min(total, hi), time_limit, probe_lo=lo > 0
+    )
 
 
-def decision_bound(it: Items, cluster: Cluster, k: int, time_limit: float = 2.0) -> float:
-    """Largest T proven: no plan has every block <= T (memory and work together)."""
+def decision_bound(
+    it: Items,
+    cluster: Cluster,
+    k: int,
+    time_limit: float = 2.0,
+    lo: float = 0.0,
+    hi: float = math.inf,
+) -> float:
+    """Largest T proven: no plan has every block <= T (memory and work together); searched in
+    [``lo``, ``hi``] as :func:`work_packing_bound`."""
     M, Bm = cluster.fast_memory, cluster.slow_memory_bandwidth
     if math.isinf(M):
-        return work_packing_bound(it, k, time_limit)
+        return work_packing_bound(it, k, time_limit, lo, hi)
     size = Bm * it.work + it.charged
     # everything in one block fits the relaxation at this T: an upper end for the search
     t_hi = float(it.work.sum()) + max(0.0, float(it.charged.sum() + it.act.max()) - M) / Bm
-    cap = smallest_capacity(size, it.act, k, M, Bm * t_hi + M, time_limit)
-    return (cap - M) / Bm
+    t_hi = min(t_hi, hi)
+    cap = smallest_capacity(
+        size, it.act, k, Bm * lo + M, Bm * t_hi + M, time_limit, probe_lo=lo > 0
+    )
+    return max(lo, (cap - M) / Bm)

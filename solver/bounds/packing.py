@@ -22,9 +22,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.sat.python import cp_model
-
-from solver.exact.sat import new_solver
 
 UNITS = 2**20  # capacity in integer units: rounding loses < (items per bin) / 2^20 of a bin
 MAX_TYPES = 40  # coarser type grouping (still rounding down) above this many distinct types
@@ -103,6 +100,12 @@ def cannot_pack(
 def _cpsat_infeasible(p: Packing, k: int, time_limit: float, workers: int) -> bool:
     """CP-SAT on counts n[b, t]: per bin load + max act of present types <= cap; the free
     space of all bins holds the fluid volume (one unit of slack per bin for its rounding)."""
+    # imported here: OR-Tools' cp_model pulls in pandas (about a second of start-up), and
+    # most bound runs stop before any packing needs CP-SAT
+    from ortools.sat.python import cp_model
+
+    from solver.exact.sat import new_solver
+
     m = cp_model.CpModel()
     T, cap = len(p.count), p.cap
     counts = []  # counts[b][t]: items of type t in bin b
@@ -138,11 +141,15 @@ def smallest_capacity(
     hi: float,
     time_limit: float = 5.0,
     rel_tol: float = 1e-5,
+    probe_lo: bool = False,
 ) -> float:
     """The largest capacity in [lo, hi] proven too small for ``k`` bins (``lo`` if none).
 
     Bisection; every probe is a proof or is treated as feasible, so the result is always a
     capacity at which no packing exists (or ``lo`` itself, which the caller vouches for).
+    ``probe_lo``: first try just above ``lo`` with a short probe, and stop there when it
+    proves nothing (a packing at ``lo`` leaves nothing above it to prove; used when ``lo``
+    is already a proven bound, so a search that cannot pass it costs no more time).
     """
     import time
 
@@ -152,6 +159,11 @@ def smallest_capacity(
         return lo
     if cannot_pack(size, act, hi, k, 0.0):
         return hi
+    if probe_lo:
+        just_above = lo * (1 + rel_tol) if lo > 0 else rel_tol * hi
+        if just_above >= hi or not cannot_pack(size, act, just_above, k, time_limit / 4):
+            return lo
+        best = just_above
     while hi - best > rel_tol * max(hi, 1e-300):
         left = t_end - time.perf_counter()
         if left <= 0:

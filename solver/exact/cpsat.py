@@ -56,7 +56,12 @@ from solver.cluster import Cluster
 from solver.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.errors import MtppError
 from solver.exact.sat import MAX_COEF, new_solver, search_params
-from solver.exact.tiebreak import TIE_BREAK_SHARE, tie_break, tie_break_budget
+from solver.exact.tiebreak import (
+    TIE_BREAK_MIN_SECONDS,
+    TIE_BREAK_SHARE,
+    tie_break,
+    tie_break_budget,
+)
 from solver.graph import Graph, coarse_view
 from solver.placement import best_placement
 from solver.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL, Plan, make_plan
@@ -73,6 +78,8 @@ class CpsatOptions:
     seed: int = 0
     gap: float = 0.0
     tie_break: bool = True  # at the same bottleneck, less transfer then lower latency
+    tie_break_seconds: float | None = None  # the user's budget for it (default: tie_break_budget)
+    spent_before: float = 0.0  # seconds the caller spent on this solve before (bounds, warm start)
     log: bool = False
     on_progress: object = None  # callable(objective, bound, elapsed) in real units
     params: dict = field(default_factory=dict)  # extra CP-SAT parameters
@@ -950,8 +957,9 @@ def solve_cpsat(
         stats["tie_break"] = {"summary": "tie-break skipped: it does not model the placement"}
     else:
         left = opts.time_limit - (time.perf_counter() - t0) - build_s
-        budget = min(left, tie_break_budget(opts.time_limit, search_s))
-        if budget > 0.05:
+        main = opts.spent_before + time.perf_counter() - t0
+        budget = tie_break_budget(left, main, opts.tie_break_seconds)
+        if budget > TIE_BREAK_MIN_SECONDS / 2:
             ca = np.empty(cg.n, dtype=np.int64)
             ca[labels] = a
             ca = np.searchsorted(np.unique(ca), ca)  # compact, as the hint (same costs)

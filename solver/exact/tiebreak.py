@@ -32,9 +32,9 @@ from solver.cost import evaluate, validate
 from solver.exact.sat import MAX_COEF, new_solver
 from solver.graph import Graph
 
-TIE_BREAK_SHARE = 0.2  # at most this share of the time limit goes to the tie-break ...
-TIE_BREAK_MIN_SECONDS = 1.0  # ... and at most max(this, the first stage's search time)
-
+TIE_BREAK_SHARE = 0.2  # at most this share of the time left goes to the tie-break ...
+TIE_BREAK_MAIN_SHARE = 0.5  # ... and at most this share of the main solve's seconds ...
+TIE_BREAK_MIN_SECONDS = 0.1  # ... or this, when the main solve was faster
 
 @dataclass
 class Candidate:
@@ -66,10 +66,15 @@ class _Collect(cp_model.CpSolverSolutionCallback):
         self.accept(self.Value)
 
 
-def tie_break_budget(time_limit: float, first_stage_seconds: float) -> float:
-    """Seconds for the tie-break: at most TIE_BREAK_SHARE of the limit and at most as long as
-    the first stage searched (at least TIE_BREAK_MIN_SECONDS), so fast solves stay fast."""
-    return min(TIE_BREAK_SHARE * time_limit, max(TIE_BREAK_MIN_SECONDS, first_stage_seconds))
+def tie_break_budget(left: float, main_seconds: float, asked: float | None = None) -> float:
+    """Seconds for the tie-break: ``asked`` (the user's ``tie_break_seconds``) within the
+    ``left`` seconds of the limit; by default at most TIE_BREAK_SHARE of them and at most
+    half as long as the main solve took (``main_seconds``: bounds, warm start, model and
+    search; at least TIE_BREAK_MIN_SECONDS), so a fast solve stays fast."""
+    if asked is not None:
+        return max(0.0, min(left, asked))
+    own = max(TIE_BREAK_MIN_SECONDS, TIE_BREAK_MAIN_SHARE * main_seconds)
+    return max(0.0, min(TIE_BREAK_SHARE * left, own))
 
 
 def tie_break(
@@ -127,34 +132,47 @@ def tie_break(
     final = best[0]
     # the tie-break never worsens the bottleneck: the evaluator says so, not the model
     assert final.objective <= first.objective, "tie-break raised the bottleneck"
+    spent = time.perf_counter() - t0
     stats = {
         "order": "bottleneck, then transferred bytes, then latency",
         "stages": stages,
-        "seconds": round(time.perf_counter() - t0, 3),
+        "seconds": round(spent, 3),
+        "budget_seconds": round(seconds, 3),
         "transfer_bytes_before": first.transfer,
         "transfer_bytes_after": final.transfer,
         "latency_before": first.latency,
         "latency_after": final.latency,
-        "summary": _summary(first, final, stages),
+        "summary": _summary(first, final, stages, spent),
     }
     return final.assignment, stats
 
 
-def _summary(first: Candidate, final: Candidate, stages: list[str]) -> str:
-    """One line for people; "proven" only when the transfer stage proved its optimum."""
+def _summary(first: Candidate, final: Candidate, stages: list[str], seconds: float) -> str:
+    """One line for people; "proven" only when the transfer stage proved its optimum, and when
+    it did not, what the stop left: the transfer found, not proven least."""
     from solver.units import format_bytes, format_time
 
+    proven = bool(stages) and stages[0] == "transfer OPTIMAL"
     if final is first or not final.better_than(first):
-        proven = bool(stages) and stages[0] == "transfer OPTIMAL"
-        what = "proven: no plan" if proven else "found in time no plan"
+        if proven:
+            return (
+                "tie-break: proven: no plan with the same bottleneck that sends less than "
+                f"{format_bytes(first.transfer)} (latency {format_time(first.latency)})"
+            )
         return (
-            f"tie-break: {what} with the same bottleneck that sends less than "
-            f"{format_bytes(first.transfer)} (latency {format_time(first.latency)})"
+            "tie-break: found in time no plan with the same bottleneck that sends less than "
+            f"{format_bytes(first.transfer)} (latency {format_time(first.latency)}); stopped "
+            f"after {seconds:.2f} s: transfer <= {format_bytes(first.transfer)}, not proven least"
         )
+    change = (
+        f"transferred {format_bytes(first.transfer)} -> {format_bytes(final.transfer)}, "
+        f"latency {format_time(first.latency)} -> {format_time(final.latency)}"
+    )
+    if proven:
+        return f"tie-break at the same bottleneck: {change} (least transfer proven)"
     return (
-        f"tie-break at the same bottleneck: transferred {format_bytes(first.transfer)} -> "
-        f"{format_bytes(final.transfer)}, latency {format_time(first.latency)} -> "
-        f"{format_time(final.latency)}"
+        f"tie-break at the same bottleneck: {change}; stopped after {seconds:.2f} s: "
+        f"transfer <= {format_bytes(final.transfer)}, not proven least"
     )
 
 
