@@ -219,6 +219,12 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
             f"{path}: a joint plan, and this command takes pipeline plans; check a joint plan "
             "with mtpp evaluate, mtpp simulate or mtpp export --verify"
         )
+    return plan_assignment_from_data(g, data, path)
+
+
+def plan_assignment_from_data(g: Graph, data: object, path: str | Path) -> tuple[np.ndarray, dict]:
+    """:func:`read_plan_assignment` on the parsed content ``data`` of the plan file ``path``
+    (named in errors)."""
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
     if data.get("version") != PLAN_VERSION:

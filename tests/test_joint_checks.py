@@ -344,7 +344,11 @@ def test_cli_bad_options_and_outputs(files, capsys, tmp_path):
     refused = [
         (["simulate", str(jp), "--overlap"], "--overlap does not apply to a joint plan"),
         (["simulate", str(jp), "--mode", "sequential"], "--mode does not apply"),
-        (["simulate", str(jp), "--cluster", "dgx-a100"], "--cluster does not apply"),
+        (
+            ["simulate", str(jp), "--cluster", "dgx-a100"],
+            r"made for cluster 'two-hosts' \(8 devices\), but --cluster dgx-a100 gives cluster "
+            r"'dgx-a100' \(8 devices\), which differs in fast_memory",
+        ),
         (["simulate", str(path)], "name the PLAN"),
         (["export", str(path), "--out", str(tmp_path / "o")], "name the plan"),
         (

@@ -65,7 +65,8 @@ def add_graph_options(p: argparse.ArgumentParser) -> None:
         metavar="PRESET|FILE",
         help="cluster preset name (ipu-m2000, ipu-pod, ipu-pod16, dgx-a100, dgx-a100-x2) or a "
         "cluster YAML file; "
-        "default: what the graph file states, else the ipu-pod preset",
+        "default: the cluster a plan records (a cluster given with such a plan must agree with "
+        "it), else what the graph file states, else the ipu-pod preset",
     )
     g.add_argument(
         "--devices",
@@ -97,7 +98,11 @@ def add_graph_options(p: argparse.ArgumentParser) -> None:
 
 def add_model_and_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
-    p.add_argument("plan", metavar="PLAN", help="plan JSON, or a manual-sharding YAML")
+    p.add_argument(
+        "plan",
+        metavar="PLAN",
+        help="pipeline plan (mtpp solve --out) or manual-sharding YAML, whatever its file name",
+    )
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -122,21 +127,28 @@ def parse_dims(args: argparse.Namespace) -> dict[str, int]:
     return dims
 
 
-def load_graph_and_cluster(args: argparse.Namespace):
+def load_graph_and_cluster(args: argparse.Namespace, default=None):
+    """The graph and the cluster: ``--cluster`` if given, else ``default`` (the cluster a plan
+    records; for an ONNX model also its roofline), else what the graph file states, else the
+    default preset; ``--devices`` and ``--memory`` applied."""
     from solver.io import load_graph, resolve_cluster
 
     dims = parse_dims(args)
+    spec = args.cluster if args.cluster is not None or default is None else default
     options = {}
     if Path(args.graph).suffix.lower() == ".onnx":
         options = {
             "dims": dims,
             "work": args.work,
-            "cluster": args.cluster,
+            "cluster": spec,
             "devices": args.devices,
             "memory_ok": getattr(args, "memory_ok", False),  # mtpp run --memory-ok
         }
     g = load_graph(args.graph, **options)
-    cluster = resolve_cluster(g, args.cluster, args.devices)
+    if args.cluster is None and default is not None:
+        cluster = default.with_devices(args.devices)
+    else:
+        cluster = resolve_cluster(g, args.cluster, args.devices)
     return g, cluster.with_memory(memory_arg(args))
 
 
@@ -288,26 +300,3 @@ def _external_data_files(model: Path) -> list[Path]:
     from solver.io.onnx_common import external_locations
 
     return sorted({model.parent / loc for loc in external_locations(m)})
-
-
-def plan_assignment(args, g, cluster):
-    """The plan file (JSON or manual-sharding YAML) and the cluster to read it with."""
-    from solver.cluster import cluster_from_dict
-    from solver.plan import read_plan_assignment
-
-    if Path(args.plan).suffix.lower() in (".yaml", ".yml"):
-        from solver.heuristics.manual import manual_assignment, read_sharding
-
-        a, stages = manual_assignment(g, read_sharding(args.plan))
-        data = {"method": "manual", "stages": stages}
-    else:
-        a, data = read_plan_assignment(g, args.plan)
-    if args.cluster is None and isinstance(data.get("cluster"), dict):
-        cluster = cluster_from_dict(data["cluster"], f"cluster recorded in {args.plan}")
-        cluster = cluster.with_devices(args.devices).with_memory(memory_arg(args))
-    if int(a.max()) + 1 > cluster.devices:
-        raise MtppError(
-            f"{args.plan}: the plan uses block {int(a.max())} but the cluster has "
-            f"{cluster.devices} devices; pass --devices {int(a.max()) + 1}"
-        )
-    return a, data, cluster

@@ -14,9 +14,7 @@ from solver.cli.common import (
     fmt,
     formatter,
     input_paths,
-    load_graph_and_cluster,
     parse_dims,
-    plan_assignment,
     print_json,
 )
 from solver.errors import MtppError
@@ -59,7 +57,8 @@ def add_parser(sub) -> None:
         "plan",
         metavar="PLAN",
         nargs="?",
-        help="plan JSON (a pipeline or a joint plan), or a manual-sharding YAML",
+        help="the plan, whatever its file name: a pipeline or a joint plan (mtpp solve --out), "
+        "or a manual-sharding YAML",
     )
     p.add_argument(
         "--plan", dest="plan_option", metavar="PLAN", help="the plan, as an option instead"
@@ -108,45 +107,36 @@ def add_parser(sub) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from solver.cli.simulate import joint_plan_args, plan_format
+    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan, peek_plan_file
     from solver.io.onnx_export import export_plan
-    from solver.plan import read_plan_placement
 
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
-    if args.plan is None and plan_format(args.graph) is None:
+    if args.plan is None and peek_plan_file(args.graph) is None:
         raise MtppError("name the plan: mtpp export MODEL.onnx PLAN --out DIR")
-    joint = joint_plan_args(args, "export")  # a joint plan may come alone: it names its model
-    if joint is not None:
-        args.graph, args.plan = joint
-        return cmd_export_joint(args)
-    if Path(args.graph).suffix.lower() != ".onnx":
+    if args.plan is not None and Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
+    plan = command_plan(args, "export")  # a joint plan may come alone: it names its model
+    if plan.kind == JOINT:
+        return cmd_export_joint(args, plan)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
-    if args.seed < 0:
-        raise MtppError(f"--seed must be >= 0, got {args.seed}")
-    if args.verify_memory_ok and not args.verify:
-        raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
-    g, cluster = load_graph_and_cluster(args)
-    a, data, cluster = plan_assignment(args, g, cluster)
-    stages = data.get("stages")  # the stages a manual-sharding YAML states
+    check_verify_options(args)
+    p = load_pipeline_plan(args, plan)
     report = export_plan(
         args.graph,
-        g,
-        a,
+        p.graph,
+        p.assignment,
         args.out,
         dims=parse_dims(args),
-        stage=stages,
+        stage=p.data.get("stages"),  # the stages a manual-sharding YAML states
         verify=args.verify,
         tolerance=args.tolerance,
         seed=args.seed,
         force=args.force,
         inputs=[args.plan],
         verify_memory_ok=args.verify_memory_ok,
-        placement=read_plan_placement(data, args.plan, cluster),  # None: block b on device b
+        placement=p.placement,  # None: block b on device b
     )
     ok = report.get("verify", {}).get("ok", True)
     if args.json:
@@ -203,23 +193,29 @@ def tolerance_text(v: dict) -> str:
     )
 
 
-# ---------------------------------------------------------------------- joint plans
-def cmd_export_joint(args: argparse.Namespace) -> int:
-    """One folder per stage (solver.joint.export), optionally verified through the chain."""
-    import sys
-
-    from solver.cli.simulate import load_joint, refuse_pipeline_options
-    from solver.joint.export import export_joint
-
-    refuse_pipeline_options(args, {"--work": "roofline"})
-    if args.verify_memory_ok and not args.verify:
-        raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
+def check_verify_options(args: argparse.Namespace) -> None:
+    """Refuse --tolerance, --seed and --verify-memory-ok values that make no sense."""
     if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise MtppError(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     if args.seed < 0:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
+    if args.verify_memory_ok and not args.verify:
+        raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
+
+
+# ---------------------------------------------------------------------- joint plans
+def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
+    """One folder per stage (solver.joint.export), optionally verified through the chain;
+    ``plan_file`` is the joint plan's :class:`solver.cli.plan_files.PlanFile`."""
+    import sys
+
+    from solver.cli.plan_files import load_joint, refuse_pipeline_options
+    from solver.joint.export import export_joint
+
+    refuse_pipeline_options(args, {"--work": "roofline"})
+    check_verify_options(args)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    plan, _ = load_joint(args, args.graph, args.plan)
+    plan, _ = load_joint(args, plan_file)
     report = export_joint(
         plan,
         args.graph,

@@ -12,9 +12,7 @@ from solver.cli.common import (
     console,
     esc,
     formatter,
-    load_graph_and_cluster,
     parse_dims,
-    plan_assignment,
     print_json,
 )
 from solver.errors import MtppError
@@ -54,21 +52,26 @@ def add_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
     from solver.cluster import Cluster
     from solver.io.onnx_import import load_onnx
-    from solver.plan import read_plan_placement
     from solver.run import check_requests, run_plan
     from solver.simulate import simulate
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
+    plan = command_plan(args, "run")
+    if plan.kind == JOINT:
+        raise MtppError(
+            f"{plan.path}: a joint plan, and this command takes pipeline plans; check a joint "
+            "plan with mtpp evaluate, mtpp simulate or mtpp export --verify"
+        )
     check_requests(args.requests)
     if args.seed < 0:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
     dims = parse_dims(args)
-    g, cluster = load_graph_and_cluster(args)
-    a, data, cluster = plan_assignment(args, g, cluster)
-    placement = read_plan_placement(data, args.plan, cluster)  # None: block b on device b
+    p = load_pipeline_plan(args, plan)
+    g, a, cluster, placement = p.graph, p.assignment, p.cluster, p.placement
     res = run_plan(
         args.graph,
         g,

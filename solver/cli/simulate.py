@@ -13,14 +13,11 @@ from solver.cli.common import (
     esc,
     formatter,
     input_paths,
-    load_graph_and_cluster,
-    plan_assignment,
     print_json,
     print_list_line,
 )
 from solver.errors import MtppError
 from solver.files import check_output_file
-from solver.plan import PLAN_FORMAT
 
 
 def add_parser(sub) -> None:
@@ -43,8 +40,8 @@ def add_parser(sub) -> None:
         "plan",
         metavar="PLAN",
         nargs="?",
-        help="plan JSON, or a manual-sharding YAML; a joint plan (mtpp solve --method joint) "
-        "may be given alone: it names its model",
+        help="the plan, whatever its file name: a pipeline or joint plan (mtpp solve --out) or "
+        "a manual-sharding YAML; a joint plan may be given alone: it names its model",
     )
     p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
     p.add_argument(
@@ -94,44 +91,41 @@ def _image_formats() -> set[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
     from solver.simulate import check_latency, check_simulation_size, draw_gantt, simulate
 
-    joint = joint_plan_args(args, "simulate")
-    if joint is not None:
-        return cmd_simulate_joint(args, *joint)
+    plan = command_plan(args, "simulate")
+    if plan.kind == JOINT:
+        return cmd_simulate_joint(args, plan)
     check_simulation_size(1, args.requests)  # the device count is known once loaded
     check_latency(args.latency)
     if args.gantt is not None:
         check_gantt_path(args.gantt, input_paths(args))
-    g, cluster = load_graph_and_cluster(args)
-    a, data, cluster = plan_assignment(args, g, cluster)
-    from solver.plan import read_plan_placement
-
-    dev = read_plan_placement(data, args.plan, cluster)
+    p = load_pipeline_plan(args, plan)
     sim = simulate(
-        g,
-        cluster,
-        a,
+        p.graph,
+        p.cluster,
+        p.assignment,
         requests=args.requests,
         mode=args.mode,
         overlap=args.overlap,
         latency=args.latency,
-        placement=dev,
+        placement=p.placement,
     )
     if args.gantt is not None:
         draw_gantt(
             sim,
-            cluster.devices,
+            p.cluster.devices,
             args.gantt,
-            title=f"{g.name}: {args.mode}" + (" with overlap" if args.overlap else ""),
+            title=f"{p.graph.name}: {args.mode}" + (" with overlap" if args.overlap else ""),
         )
     if args.json:
         out = sim.to_dict()
-        out["cluster"] = cluster.to_dict()
-        out["graph"] = g.name
+        out["cluster"] = p.cluster.to_dict()
+        out["graph"] = p.graph.name
         print_json(out)
         return 0 if sim.valid else 1
-    print_simulation(console(), sim, g.name, cluster, args)
+    print_simulation(console(), sim, p.graph.name, p.cluster, args)
     return 0 if sim.valid else 1
 
 
@@ -171,89 +165,9 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
 
 
 # ---------------------------------------------------------------------- joint plans
-def plan_format(path: str) -> str | None:
-    """The ``format`` a JSON file states (None for another file, or a JSON without one)."""
-    from solver.files import read_json
-
-    if Path(path).suffix.lower() != ".json" or not Path(path).is_file():
-        return None
-    data = read_json(path, "plan")
-    fmt = data.get("format") if isinstance(data, dict) else None
-    return fmt if isinstance(fmt, str) else None
-
-
-def is_joint_plan(path: str) -> bool:
-    """True when ``path`` is a JSON file whose ``format`` is a joint plan's."""
-    from solver.joint.plan import JOINT_FORMAT
-
-    return plan_format(path) == JOINT_FORMAT
-
-
-def joint_plan_args(args: argparse.Namespace, command: str) -> tuple[str, str] | None:
-    """(model path, joint plan path) when the command was given a joint plan, else None
-    (a missing PLAN is refused). A plan given alone names its model: a relative path is
-    looked up from the current folder, then from the plan's folder."""
-    from solver.files import read_json
-
-    if args.plan is None:
-        if not is_joint_plan(args.graph):
-            if plan_format(args.graph) == PLAN_FORMAT:
-                raise MtppError(
-                    f"{args.graph} is a pipeline plan, which does not name its graph file; "
-                    f"give the graph first: mtpp {command} GRAPH {args.graph}"
-                )
-            raise MtppError(f"name the PLAN: mtpp {command} GRAPH PLAN (see mtpp {command} --help)")
-        data = read_json(args.graph, "plan")
-        model = data.get("model") if isinstance(data.get("model"), dict) else {}
-        path = model.get("path")
-        if not isinstance(path, str) or not path:
-            raise MtppError(
-                f"{args.graph}: the joint plan names no model file; give it: "
-                f"mtpp {command} MODEL.onnx {args.graph}"
-            )
-        found = next((p for p in (Path(path), Path(args.graph).parent / path) if p.is_file()), None)
-        if found is None:
-            raise MtppError(
-                f"{args.graph}: its model {path} does not exist; give it: "
-                f"mtpp {command} MODEL.onnx {args.graph}"
-            )
-        return str(found), args.graph
-    if not is_joint_plan(args.plan):
-        return None
-    if Path(args.graph).suffix.lower() != ".onnx":
-        raise MtppError(f"{args.graph}: a joint plan needs the ONNX model (.onnx) it was made for")
-    return args.graph, args.plan
-
-
-def refuse_pipeline_options(args: argparse.Namespace, names: dict[str, object]) -> None:
-    """Refuse options that have no meaning for a joint plan (given a non-default value)."""
-    for option, default in names.items():
-        value = getattr(args, option.lstrip("-").replace("-", "_"), default)
-        if value != default:
-            raise MtppError(f"{option} does not apply to a joint plan; drop it")
-
-
-def load_joint(args: argparse.Namespace, model: str, plan_path: str):
-    """The joint plan read, checked against the model (one line for every mismatch), with
-    ``--memory`` as its memory limit when given; and the model as the sharding package
-    reads it."""
-    from solver.cli.common import memory_arg, parse_dims
-    from solver.joint.export import check_stages
-    from solver.joint.plan import check_against_model, load_joint_plan
-    from solver.sharding.model import load_model
-
-    refuse_pipeline_options(args, {"--cluster": None, "--devices": None})
-    plan = load_joint_plan(plan_path)
-    sm = load_model(model, parse_dims(args))
-    check_stages(plan, sm)  # names the operator or device at fault
-    memory = memory_arg(args)
-    if memory is not None:
-        plan.memory_limit = memory
-    check_against_model(plan, sm, plan_path)
-    return plan, sm
-
-
-def cmd_simulate_joint(args: argparse.Namespace, model: str, plan_path: str) -> int:
+def cmd_simulate_joint(args: argparse.Namespace, plan_file) -> int:
+    """A joint plan (a :class:`solver.cli.plan_files.PlanFile`) through the joint simulator."""
+    from solver.cli.plan_files import load_joint, refuse_pipeline_options
     from solver.joint.simulate import simulate_joint
     from solver.simulate import check_simulation_size, draw_gantt
 
@@ -261,10 +175,9 @@ def cmd_simulate_joint(args: argparse.Namespace, model: str, plan_path: str) -> 
         args, {"--mode": "pipelined", "--overlap": False, "--latency": None, "--work": "roofline"}
     )
     check_simulation_size(1, args.requests)
-    args.graph, args.plan = model, plan_path  # what input_paths must protect
     if args.gantt is not None:
         check_gantt_path(args.gantt, input_paths(args))
-    plan, sm = load_joint(args, model, plan_path)
+    plan, sm = load_joint(args, plan_file)
     js = simulate_joint(plan, sm, requests=args.requests)
     if args.gantt is not None:
         title = f"{plan.model_name}: joint plan, {len(plan.stages)} stages"

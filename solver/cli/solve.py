@@ -17,7 +17,6 @@ from solver.cli.common import (
     formatter,
     input_paths,
     load_graph_and_cluster,
-    plan_assignment,
     print_json,
     print_list_line,
 )
@@ -108,11 +107,13 @@ def add_evaluate_parser(sub) -> None:
         "evaluate",
         help="cost of a given plan: objective and per-block table",
         description="Evaluate a plan on a graph with the one evaluator: per-block io, work, "
-        "overflow, f(S), memory, and whether the plan is valid. The cluster is --cluster if "
-        "given, else the one recorded in the plan, else the graph's. The objective, validity "
-        "and the universal lower bound are recomputed; the status and bound the file states "
-        "are shown as claimed, and checked against the recomputed numbers. Exit code 1 when "
-        "the plan is invalid or its claim does not check out.",
+        "overflow, f(S), memory, and whether the plan is valid. The cluster is the one recorded "
+        "in the plan (a --cluster given must agree with it), else --cluster, else the graph's; "
+        "--devices and --memory re-evaluate the plan on that many devices or that capacity. "
+        "The kind of plan is read from its content, whatever the file is called. The "
+        "objective, validity and the universal lower bound are recomputed; the status and "
+        "bound the file states are shown as claimed, and checked against the recomputed "
+        "numbers. Exit code 1 when the plan is invalid or its claim does not check out.",
         epilog="example:\n  mtpp evaluate graph.json plan.json --json",
         formatter_class=formatter,
     )
@@ -121,9 +122,9 @@ def add_evaluate_parser(sub) -> None:
         "plan",
         metavar="PLAN",
         nargs="?",
-        help="plan JSON written by 'mtpp solve --out', or a manual-sharding YAML "
-        "(a list of {node, device, stage}); a joint plan (mtpp solve --method joint) is "
-        "re-priced from its model and may be given alone: it names its model",
+        help="the plan, whatever its file name: written by 'mtpp solve --out' (a pipeline or "
+        "a joint plan), or a manual-sharding YAML (a list of {node, device, stage}); a joint "
+        "plan is re-priced from its model and may be given alone: it names its model",
     )
     add_graph_options(p)
     add_json(p)
@@ -233,7 +234,9 @@ def block_table(plan):
 def check_claim(plan, data: dict, recorded_cluster) -> dict:
     """Compare what a plan file claims (status, lower bound, objective) with the recomputed
     numbers. The claim is "consistent" or says why not; it is ``used`` for the status only
-    when consistent, made for this cluster, and its bound proves that status."""
+    when consistent, made for this cluster (by content: the name may differ), and its bound
+    proves that status."""
+    from solver.cli.plan_files import cluster_difference
     from solver.plan import OPTIMAL, OPTIMALITY_TOL, bound_exceeds, optimal_within
 
     def number(x) -> bool:
@@ -259,7 +262,7 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     if status is None and bound is None:
         out["claim"] = "none (the file states no status or bound)"
         return out
-    if recorded_cluster is None or recorded_cluster != plan.cluster:
+    if recorded_cluster is None or cluster_difference(recorded_cluster, plan.cluster):
         why = "not applicable: evaluated on another cluster than the plan was made for"
     elif bound is not None and not number(bound):
         why = f"invalid: the lower bound {str(bound)[:40]!r} is not a finite number"
@@ -289,21 +292,17 @@ EVALUATE_BOUND_SECONDS = 10.0  # time for the certified bounds of a plan being e
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from solver.cli.simulate import joint_plan_args
-    from solver.cluster import cluster_from_dict
+    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
     from solver.cost import validate
     from solver.methods import bound_stats, certified_bound
     from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
 
-    joint = joint_plan_args(args, "evaluate")
-    if joint is not None:
-        return cmd_evaluate_joint(args, *joint)
-    g, cluster = load_graph_and_cluster(args)
-    a, data, cluster = plan_assignment(args, g, cluster)
-    from solver.plan import read_plan_placement
-
-    dev = read_plan_placement(data, args.plan, cluster)
-    violations = validate(g, cluster, a, placement=dev)
+    plan_file = command_plan(args, "evaluate")
+    if plan_file.kind == JOINT:
+        return cmd_evaluate_joint(args, plan_file)
+    p = load_pipeline_plan(args, plan_file)
+    g, cluster, data = p.graph, p.cluster, p.data
+    violations = validate(g, cluster, p.assignment, placement=p.placement)
     method = data.get("method") if isinstance(data.get("method"), str) else "given"
     # the bound is recomputed (the certified bounds, as solve computes them); an invalid plan
     # gets none, since bounds speak of valid plans only. OPTIMAL when the bound meets the plan.
@@ -311,23 +310,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     plan = make_plan(
         g,
         cluster,
-        a,
+        p.assignment,
         method,
         status=FEASIBLE if rep is None else OPTIMAL,
         check=False,
         lower_bound=None if rep is None else rep.value,
-        placement=dev,
+        placement=p.placement,
     )
     if rep is not None:
         plan.stats["bound"] = bound_stats(rep)
     proven = plan.status == OPTIMAL
-    recorded = None
-    if isinstance(data.get("cluster"), dict):
-        try:
-            recorded = cluster_from_dict(data["cluster"], "recorded cluster")
-        except MtppError:
-            recorded = None
-    claim = check_claim(plan, data, recorded)
+    claim = check_claim(plan, data, p.recorded)
     if violations:
         plan.status = INVALID
         claim["used"] = False
@@ -350,18 +343,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 1 if violations or bad_claim else 0
 
 
-def cmd_evaluate_joint(args: argparse.Namespace, model: str, plan_path: str) -> int:
+def cmd_evaluate_joint(args: argparse.Namespace, plan_file) -> int:
     """``mtpp evaluate [MODEL.onnx] joint.json``: every stage re-priced from the model and the
     cluster (a number that differs is refused with one line), then checked against the memory
     limit by the joint simulator. The bound is the file's (stated over its space): it is
     checked against the objective, not recomputed. Exit 1 when a stage does not fit."""
-    from solver.cli.simulate import load_joint, refuse_pipeline_options
+    from solver.cli.plan_files import load_joint, refuse_pipeline_options
     from solver.joint.simulate import simulate_joint
     from solver.plan import INVALID
 
     refuse_pipeline_options(args, {"--work": "roofline"})
-    args.graph, args.plan = model, plan_path
-    plan, sm = load_joint(args, model, plan_path)
+    plan, sm = load_joint(args, plan_file)
     violations = list(simulate_joint(plan, sm, requests=2).sim.violations)
     claimed = plan.status
     if violations:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from solver.cluster import Cluster, load_cluster
 from solver.errors import MtppError
 from solver.graph import Graph
 from solver.io.onnx_graph import ShapesUnknown, build_cost_graph
@@ -31,21 +32,23 @@ def load_onnx(
     path: str | Path,
     dims: dict[str, int] | None = None,
     work: str = "roofline",
-    cluster: str | None = None,
+    cluster: str | Cluster | None = None,
     devices: int | None = None,
     memory_ok: bool = False,
 ) -> Graph:
-    """Read an ONNX file into a cost graph. ``cluster`` (preset or YAML) sets the roofline;
-    ``memory_ok`` lets ``work="measured"`` run past its memory estimate."""
-    from solver.cluster import load_cluster
-
+    """Read an ONNX file into a cost graph. ``cluster`` (preset, YAML or a :class:`Cluster`,
+    such as the one a plan records) sets the roofline; ``memory_ok`` lets ``work="measured"``
+    run past its memory estimate."""
     path = Path(path)
     if work not in ("roofline", "flops", "measured"):
         raise MtppError(f"--work {work!r}: choose roofline, flops or measured")
     model = read_model(path)
     fixed = fix_dims(model, dict(dims or {}))
     shapes = infer_shapes(model)
-    cl = load_cluster(cluster, devices)
+    if isinstance(cluster, Cluster):
+        cl = cluster.with_devices(devices)
+    else:
+        cl = load_cluster(cluster, devices)
     cost_work = "roofline" if work == "measured" else work
     note = None
     try:
