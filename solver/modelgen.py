@@ -472,6 +472,7 @@ BASE_BYTES = 256 * 2**20  # the interpreter with numpy, onnx and the builder loa
 NODE_BYTES = 4096  # one node: its proto, its value_info, the copies shape inference makes
 PROTO_COPIES = 6  # the model, then onnx.save serializing it (protobuf grows its buffer)
 DRAW_BYTES = 12  # per float of the tensor being drawn: float64 samples, then float32
+MAX_LISTED = 64  # conv layers (stages, levels) summed one by one in an estimate
 
 
 @dataclass(frozen=True)
@@ -524,18 +525,22 @@ def estimate_size(kind: str, params: dict) -> BuildSize:
         return _encoder_size(p, ends, max(patches, seq * h, head))
     w = p["width"]
     head = p["classes"] * w * 2**8
-    convs: list[int] = []  # weights of each conv layer (upper estimates)
+    # the weights of each conv layer (upper estimates); past MAX_LISTED layers the nodes alone
+    # are more than any memory, so the list stops there (and stays cheap for absurd counts)
     if kind == "resnet":  # per block: two 3x3 convs and a 1x1 skip, with batch norms
-        convs = [20 * (w * 2**s) ** 2 for s in range(p["stages"]) for _ in range(p["blocks"])]
+        count = p["stages"] * p["blocks"]
+        stages = range(min(p["stages"], MAX_LISTED))
+        convs = [20 * (w * 2**s) ** 2 for s in stages for _ in range(min(p["blocks"], MAX_LISTED))]
     elif kind == "inception":  # per block: branches of 1x1, 3x3 and 5x5 convs
-        c = w
-        for i in range(p["blocks"]):
+        count, c, convs = p["blocks"], w, []
+        for i in range(min(count, MAX_LISTED)):
             b = w * (i + 1) // 2 or 1
             convs.append(4 * c * b + 35 * b * b)
             c = 4 * b
     else:  # unet: encoder and decoder levels of two 3x3 convs each
-        convs = [2 * 27 * (w * 2**d) ** 2 for d in range(p["depth"] + 1)]
-    return BuildSize(sum(convs) + head, max([head, *convs]), 24 * len(convs) + 16)
+        count = p["depth"] + 1
+        convs = [2 * 27 * (w * 2**d) ** 2 for d in range(min(count, MAX_LISTED))]
+    return BuildSize(sum(convs) + head, max([head, *convs]), 24 * count + 16)
 
 
 def check_params(kind: str, params: dict, external: bool = False) -> None:

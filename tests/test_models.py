@@ -155,3 +155,10 @@ def test_bad_sizes_are_one_line_exit_2(tmp_path, capsys):
 
 def _flags(kw: dict) -> list[str]:
     return [x for k, v in kw.items() for x in (f"--{k}", str(v))]
+
+
+@pytest.mark.parametrize("kind", ["resnet", "inception", "unet"])
+def test_cnn_weight_estimate_is_an_upper_bound(kind):
+    _, n_params = build.BUILDERS[kind](**build.SMALL[kind])
+    size = build.estimate_size(kind, build.SMALL[kind])
+    assert n_params <= size.weight_floats < 20 * n_params
