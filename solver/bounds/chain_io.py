@@ -248,11 +248,14 @@ def chain_io_bound(
     time_limit: float = 5.0,
     memory: bool = True,
     rel_tol: float = 1e-6,
+    target: float | None = None,
 ) -> float:
     """Largest T proven by the chain with io. ``memory``: bins hold
     ``B_mem * (work + io) + charged + peak <= B_mem * T + M``; otherwise ``work + io <= T``
     (both follow from f(S) <= T). ``lo`` must be 0 or a T proven infeasible for a weaker
-    relaxation (the io-free chain bound of the same kind)."""
+    relaxation (the io-free chain bound of the same kind). ``target``, the cost of a known
+    plan: one probe just below it first (within ``rel_tol / 2``), and when that is proven
+    the search ends there (the bound meets the plan; nothing above it can be proven)."""
     M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
     if memory and math.isinf(M):
         return lo
@@ -275,6 +278,10 @@ def chain_io_bound(
 
     if lo > 0 and not infeasible(lo):
         return lo  # feasible already at lo: larger T only adds room
+    if target is not None and math.isfinite(target) and target > lo:
+        near = target / (1 + rel_tol / 2)
+        if near > lo and infeasible(near):
+            return near
     t_end = time.perf_counter() + time_limit
     step = lo / 64 if lo > 0 else t_top / k  # io adds little to a proven lo: probe near it
     return largest_infeasible(infeasible, lo, step, t_top, rel_tol, t_end)

@@ -153,7 +153,11 @@ _EXACT = object()  # a stage's answer when it proved the optimum: no other bound
 
 
 def _ideals(run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float):
-    dp = ideal_chain(g, cluster, k, run.best, seconds)
+    # with an incumbent the gap is open here (the cheap bounds did not meet it): the DP is
+    # worth its time on small graphs too, and a proof spares the CP-SAT search
+    dp = ideal_chain(
+        g, cluster, k, run.best, seconds, small=run.target is not None, upper=run.target
+    )
     if dp is not None and dp.lower > 0:
         run.vals["ideals"] = dp.lower
         if dp.optimal:  # the exact optimum: no other bound can be larger
@@ -165,14 +169,16 @@ def _io_chains(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
     """The io chains refine the io-free chains (valid starting points); they share what is
     left (with memory only when memory binds at all: otherwise the work chain is the one to
     refine). Both are fast: a greedy bin count per probe."""
-    chain = run.vals["chain"]
+    chain, target = run.vals["chain"], run.target
     run.vals["chain io"] = (
-        chain_io_bound(g, it, cluster, k, chain, run.left() / 2) if chain > 0 else 0.0
+        chain_io_bound(g, it, cluster, k, chain, run.left() / 2, target=target)
+        if chain > 0
+        else 0.0
     )
     if run.met():
         return
     run.vals["work io chain"] = chain_io_bound(
-        g, it, cluster, k, run.vals["work chain"], run.left() / 2, False
+        g, it, cluster, k, run.vals["work chain"], run.left() / 2, False, target=target
     )
 
 
@@ -196,15 +202,25 @@ def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
             run.packing(name, fn(seconds, run.best))
 
 
-def ideal_chain(g: Graph, cluster: Cluster, k: int, lower: float, time_limit: float):
+def ideal_chain(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    lower: float,
+    time_limit: float,
+    small: bool = False,
+    upper: float | None = None,
+):
     """The exact DP over the ideals of ``g``'s separator chain
     (:mod:`solver.heuristics.chain_ideals`) on its coarse view, computed once per graph,
     cluster and k (the warm start of the exact solver reads the same result); None on a
-    cluster whose devices or links differ and on small graphs."""
+    cluster whose devices or links differ, and on graphs of fewer than IDEALS_MIN_NODES coarse
+    nodes unless ``small`` (or it was computed already). ``upper``: the cost of a known plan
+    (it prunes the blocks priced, and the DP first tries to prove that plan optimal)."""
     from solver.heuristics.chain_ideals import chain_ideal_dp
 
     cg, _ = coarse_view(g)
-    if not cluster.homogeneous or cg.n < IDEALS_MIN_NODES:
+    if not cluster.homogeneous:
         return None
     cache = g.__dict__.setdefault("_chain_ideals", {})  # the graph is immutable
     key = (
@@ -214,10 +230,18 @@ def ideal_chain(g: Graph, cluster: Cluster, k: int, lower: float, time_limit: fl
         cluster.link_bandwidth,
         cluster.slow_memory_bandwidth,
     )
+    if cg.n < IDEALS_MIN_NODES and not small and key not in cache:
+        return None
     hit, state = cache.get(key, (None, {}))
     if hit is None or (not hit.optimal and "stopped" in hit.stats):
         hit = chain_ideal_dp(
-            cg, cluster, k, max(lower, hit.lower if hit else 0.0), time_limit, state=state
+            cg,
+            cluster,
+            k,
+            max(lower, hit.lower if hit else 0.0),
+            time_limit,
+            upper=math.inf if upper is None else upper,
+            state=state,
         )  # resumes a run its deadline stopped
         cache[key] = (hit, state)
     return hit

@@ -29,6 +29,7 @@ MAX_GAP_NODES = 64  # nodes of one gap (a subset of a gap is a 64-bit mask)
 MAX_PAIRS = 20_000_000  # pairs (I, J) kept in the cost table (20 bytes each)
 MAX_TIE_BREAK = 10_000_000  # ideals x (k + 1) of the tie-break's table (20 bytes each)
 EPS = 1e-9  # relative slack on float comparisons; a bound is reported (1 - EPS) low
+PROBE_BAND = 1e-7  # the bisection's first probe: the largest cost this much below a plan's
 
 
 class _Out(Exception):
@@ -530,8 +531,13 @@ def _bisect(table, N: int, k: int, lo_val: float, deadline: float, res: ChainRes
     lo = min(lo, hi - 1)  # costs[hi] is feasible
     best = chain
     res.stats["dp_runs"] = 1
+    # the known plan is often optimal: first the largest cost clearly below it (costs within
+    # PROBE_BAND of one another are float noise of the same blocks); one run then proves it
+    below = int(np.searchsorted(costs, costs[hi] * (1 - PROBE_BAND), side="left")) - 1
+    first = below > lo
     while hi - lo > 1 and time.perf_counter() < deadline:
-        mid = (lo + hi) // 2
+        mid = below if first else (lo + hi) // 2
+        first = False
         chain = _fewest_blocks(ptr, cand, f, N, costs[mid], k)
         res.stats["dp_runs"] += 1
         if chain is None:
