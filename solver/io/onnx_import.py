@@ -10,7 +10,8 @@ The steps, each in its own module:
    onnxruntime's symbolic inference);
 3. when tensors the cost graph needs are still unknown (control flow, data-dependent shapes),
    one onnxruntime run at the fixed dims reads them (:mod:`solver.io.onnx_ort`), and the user
-   is told;
+   is told (steps 1-3 are :func:`solver.io.onnx_shapes.read_static`, through which the
+   sharding planner reads models too);
 4. :mod:`solver.io.onnx_graph` folds the model into cost-graph nodes, one tensor per output;
 5. ``--work measured`` times every node in onnxruntime (:mod:`solver.io.onnx_profile`).
 """
@@ -25,7 +26,7 @@ from solver.errors import MtppError
 from solver.graph import Graph
 from solver.io.onnx_graph import ShapesUnknown, build_cost_graph
 from solver.io.onnx_load import check_external_paths, read_model
-from solver.io.onnx_shapes import fix_dims, infer_shapes, run_for_shapes
+from solver.io.onnx_shapes import fix_dims, infer_shapes, read_static, with_run
 
 
 def load_onnx(
@@ -42,29 +43,31 @@ def load_onnx(
     path = Path(path)
     if work not in ("roofline", "flops", "measured"):
         raise MtppError(f"--work {work!r}: choose roofline, flops or measured")
-    model = read_model(path)
-    fixed = fix_dims(model, dict(dims or {}))
-    shapes = infer_shapes(model)
+    # the shapes the cost graph needs: the model runs only for those inference left unknown
+    loaded = read_static(path, dict(dims or {}), complete=False)
     if isinstance(cluster, Cluster):
         cl = cluster.with_devices(devices)
     else:
         cl = load_cluster(cluster, devices)
     cost_work = "roofline" if work == "measured" else work
-    note = None
     try:
-        g = build_cost_graph(model, shapes, name=path.stem, work=cost_work, cluster=cl)
+        g = build_cost_graph(
+            loaded.model, loaded.shapes, name=path.stem, work=cost_work, cluster=cl
+        )
     except ShapesUnknown as e:
-        note = run_for_shapes(model, path.parent, shapes, e.tensors)
-        warnings.warn(note, stacklevel=2)
-        g = build_cost_graph(model, shapes, name=path.stem, work=cost_work, cluster=cl)
-    g.hints["dims"] = fixed
+        loaded = with_run(loaded, e.tensors)
+        warnings.warn(loaded.note, stacklevel=2)
+        g = build_cost_graph(
+            loaded.model, loaded.shapes, name=path.stem, work=cost_work, cluster=cl
+        )
+    g.hints["dims"] = loaded.fixed
     g.hints["roofline_cluster"] = cl.name
-    if note:
-        g.hints["shapes_from_run"] = note
+    if loaded.note:
+        g.hints["shapes_from_run"] = loaded.note
     if work == "measured":
         from solver.io.onnx_profile import measured_work
 
-        g = g.with_work(measured_work(path, model, g, memory_ok=memory_ok))
+        g = g.with_work(measured_work(path, loaded.model, g, memory_ok=memory_ok))
         g.hints["work_model"] = "measured"
     return g
 

@@ -21,6 +21,14 @@ LIGHT_LIMIT = 4096  # initializers with more elements are handed to checker/infe
 def read_model(path: str | Path):
     """Load an ONNX model without external weight bytes; refuse unsafe or broken external
     data; run the ONNX checker on a light copy."""
+    model = load_proto(path)
+    check_model(model, str(path))
+    return model
+
+
+def load_proto(path: str | Path):
+    """The ONNX protobuf of ``path`` without external weight bytes, its external data checked
+    (:func:`check_external_paths`); not yet checked by the ONNX checker."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -36,12 +44,19 @@ def read_model(path: str | Path):
     if not model.graph.node or model.ir_version <= 0:
         raise MtppError(f"{path}: not a valid ONNX model (no graph nodes or no IR version)")
     check_external_paths(model, path.parent)
+    return model
+
+
+def check_model(model, where: str) -> None:
+    """Run the ONNX checker on a light copy of ``model``; refuse it in one line naming
+    ``where`` (the file, or the sub-model) when the checker does."""
+    import onnx
+
     try:
         onnx.checker.check_model(light_copy(model))
     except onnx.checker.ValidationError as e:
         first = first_line(e, "invalid model")
-        raise MtppError(f"{path}: the ONNX checker rejects the model: {first}") from None
-    return model
+        raise MtppError(f"{where}: the ONNX checker rejects the model: {first}") from None
 
 
 def light_copy(model):

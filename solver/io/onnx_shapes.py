@@ -5,6 +5,10 @@ small constant subgraphs are folded and inference runs again; then onnxruntime's
 inference; and when tensors someone reads are still unknown (control flow, data-dependent
 shapes), one onnxruntime run at the fixed dims reads the shape of every intermediate tensor.
 Sizes are plain numbers throughout: nothing here allocates in proportion to the dims.
+
+:func:`read_static` and :func:`static_model` are the one entry point of the ONNX front end: the
+cost graph (:mod:`solver.io.onnx_import`) and the sharding planner (:mod:`solver.sharding.model`)
+both read a model through them, so both accept the same models.
 """
 
 from __future__ import annotations
@@ -13,14 +17,65 @@ import os
 import re
 import tempfile
 import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from solver.errors import MtppError, first_line
 from solver.io.onnx_fold import fold_constants
-from solver.io.onnx_load import light_copy
+from solver.io.onnx_load import check_model, light_copy, read_model
 
 BATCH_LIKE = re.compile(r"(^|_)(batch|bs|n|b)(_|$)|batch", re.IGNORECASE)
 
 Shapes = dict[str, tuple[tuple[int, ...] | None, int]]
+
+
+@dataclass
+class StaticModel:
+    """A model with its dynamic dims fixed and the shape of its tensors, as the front end
+    found them (inference, folding, and one onnxruntime run where those fail)."""
+
+    model: object  # the ModelProto, dims fixed; external weights stay unread
+    shapes: Shapes  # tensor name -> (shape, or None while unknown; element type)
+    fixed: list[str]  # the dims set, for reporting ("seq=128")
+    folder: Path | None  # the folder of its external data (None: every weight is inline)
+    note: str | None = None  # where shapes from an onnxruntime run came from, for the user
+
+    def unknown(self, tensors) -> list[str]:
+        """Those of ``tensors`` whose shape is still unknown, in order, each once."""
+        return [t for t in dict.fromkeys(tensors) if self.shapes.get(t, (None, 0))[0] is None]
+
+
+def read_static(path: str | Path, dims: dict[str, int], *, complete: bool = True) -> StaticModel:
+    """Read an ONNX file (:func:`solver.io.onnx_load.read_model`), fix its dims and find its
+    shapes (:func:`static_model`)."""
+    path = Path(path)
+    return _static(read_model(path), dims, path.parent, complete)
+
+
+def static_model(
+    model, dims: dict[str, int], *, where: str, folder=None, complete: bool = True
+) -> StaticModel:
+    """The front end on a model in memory: the ONNX checker (refusals name ``where``), dims
+    fixed in place (:func:`fix_dims`), every shape inferred (:func:`infer_shapes`); with
+    ``complete``, one onnxruntime run when tensors someone reads are still unknown (external
+    data read from ``folder``). Without it the caller asks :func:`with_run` for what it needs."""
+    check_model(model, where)
+    return _static(model, dims, folder, complete)
+
+
+def _static(model, dims: dict[str, int], folder, complete: bool) -> StaticModel:
+    fixed = fix_dims(model, dict(dims))
+    out = StaticModel(model, infer_shapes(model), fixed, None if folder is None else Path(folder))
+    left = missing(model, out.shapes) if complete else []
+    return with_run(out, left) if left else out
+
+
+def with_run(sm: StaticModel, tensors: list[str]) -> StaticModel:
+    """``sm`` with the shapes of one onnxruntime run added (:func:`run_for_shapes`) because
+    ``tensors`` are unknown; the record says so in ``note``. Refuses when the run cannot
+    give them."""
+    note = run_for_shapes(sm.model, sm.folder, sm.shapes, tensors)
+    return replace(sm, note=note)
 
 
 def _batch_like(axis: int, name: str) -> bool:
