@@ -85,7 +85,8 @@ def scatter(full: np.ndarray, lay: Layout, rng: np.random.Generator | None = Non
     parts: dict[tuple, np.ndarray] = {}
     for r in range(lay.devices):
         c = lay.coords(r)
-        shard = np.ascontiguousarray(full[lay.block(r)])
+        block = full[lay.block(r)]
+        shard = np.ascontiguousarray(block).reshape(np.shape(block))  # a scalar stays 0-d
         if lay.partial:
             key = tuple(c[a] for a in range(len(c)) if a not in lay.partial) + (
                 tuple(x for axes in lay.dims for x in axes),

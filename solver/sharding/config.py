@@ -11,10 +11,13 @@ from __future__ import annotations
 import ast
 import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from solver.errors import MtppError
 from solver.files import read_yaml
-from solver.sharding.model import ShardModel
+
+if TYPE_CHECKING:  # annotations only: the model module imports this one to read annotations
+    from solver.sharding.model import ShardModel
 
 ATTRIBUTE = "mtpp_strategy"
 Strategy = tuple[tuple[int, ...], ...]

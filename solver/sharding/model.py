@@ -1,8 +1,11 @@
 """An ONNX model as the sharding planner sees it: operators in topological order, every tensor
 with a static shape and element type, weights and folded constants with their values.
 
-Constant, Shape-of-a-known-shape and all-constant subgraphs are evaluated here (onnx's reference
-evaluator), so a transformer export's shape arithmetic becomes plain constants.
+The model is read by the ONNX front end the cost graph uses (:mod:`solver.io.onnx_shapes`:
+checker, dims, shapes from inference, folding and one onnxruntime run where those fail), and
+its static nodes (Constant, Shape of a known shape, all-constant subgraphs) are evaluated by
+:func:`solver.io.onnx_fold.fold_values`, so a transformer export's shape arithmetic becomes
+plain constants.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.errors import MtppError, first_line
-from solver.io.onnx_common import SHAPE_INPUTS  # shared with the cost graph
+from solver.errors import MtppError
+from solver.io.onnx_common import CONTROL_FLOW, SHAPE_INPUTS, external_info, subgraph_inputs
+from solver.io.onnx_fold import fold_values
+from solver.io.onnx_load import load_proto
+from solver.io.onnx_shapes import StaticModel, static_model, with_run
+from solver.sharding.config import attributes_to_metadata
 
 
 @dataclass
@@ -69,22 +76,12 @@ class ShardModel:
 
 
 def load_model(path: str | Path, dims: dict[str, int] | None = None) -> ShardModel:
-    """Read an ONNX file, fix dynamic dims, infer shapes, fold constants."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
+    """Read an ONNX file (external data checked, present external weights loaded) and make
+    it a :class:`ShardModel` (:func:`from_proto`)."""
     path = Path(path)
     if not path.is_file():
         raise MtppError(f"{path}: no such ONNX file")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, TypeError, OSError) as e:
-        raise MtppError(f"{path}: not a valid ONNX model ({e})") from None
-    if not model.graph.node:
-        raise MtppError(f"{path}: not a valid ONNX model (no graph nodes)")
-    from solver.io.onnx_load import check_external_paths
-
-    check_external_paths(model, path.parent)  # inspect's check: inside the folder, long enough
+    model = load_proto(path)
     _load_present_external(model, path.parent)
     return from_proto(model, dims or {}, str(path))
 
@@ -102,8 +99,6 @@ def _load_present_external(model, base: Path) -> None:
     (:func:`load_model` has already refused unsafe, missing or short ones)."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    from solver.io.onnx_common import external_info
-
     for t in model.graph.initializer:
         if not uses_external_data(t):
             continue
@@ -116,73 +111,28 @@ def _load_present_external(model, base: Path) -> None:
 
 
 def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
+    """The planner's view of ``model`` (left unchanged): the front end's static model
+    (:func:`solver.io.onnx_shapes.static_model`), its static nodes folded into constants, every
+    other node an :class:`Op`. Weights whose external bytes are absent are planned from their
+    shape (:class:`Unloaded`)."""
     import onnx
-    from onnx import numpy_helper
-    from onnx.external_data_helper import uses_external_data
-
-    from solver.io.onnx_common import CONTROL_FLOW, subgraph_inputs
-    from solver.io.onnx_import import fix_dims
-    from solver.sharding.config import attributes_to_metadata
 
     source = model
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    attributes_to_metadata(model)
-    unloaded = {}
-    for init in list(model.graph.initializer):
-        if uses_external_data(init):  # bytes absent: plan from its shape, as a typed input
-            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
-            unloaded[init.name] = Unloaded(tuple(int(d) for d in init.dims), dt)
-            model.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
-            model.graph.initializer.remove(init)
-    fix_dims(model, dims)
-    try:
-        onnx.checker.check_model(model)
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = first_line(e, "invalid model")
-        raise MtppError(f"{where}: the ONNX checker rejects the model: {first}") from None
-    g = inferred.graph
-    shapes: dict[str, tuple[int, ...]] = {}
-    dtypes: dict[str, np.dtype] = {}
-    for vi in [*g.input, *g.value_info, *g.output]:
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dtypes[vi.name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
-    consts: dict[str, np.ndarray] = dict(unloaded)
-    for init in g.initializer:
-        consts[init.name] = numpy_helper.to_array(init)
-    init_names = set(consts)
-    inputs = [i.name for i in g.input if i.name not in init_names]
-    ops: list[Op] = []
-    for i, node in enumerate(g.node):
-        outer = subgraph_inputs(node) if node.op_type in CONTROL_FLOW else []
-        if not outer and _fold(node, consts, shapes):  # a body reading outer names stays
-            continue
-        name = node.name or f"{node.op_type}_{i}"
-        skip = SHAPE_INPUTS.get(node.op_type, set())
-        data = [k for k, t in enumerate(node.input) if t and k not in skip]
-        ops.append(Op(len(ops), name, node.op_type, node, data, i, outer))
-    for name, arr in consts.items():
-        shapes[name] = tuple(arr.shape)
-        dtypes[name] = arr.dtype
-    for op in ops:
-        for t in [*op.data_inputs, *op.outer, *op.outputs]:
-            if t not in shapes:
-                raise MtppError(
-                    f"{where}: tensor {t!r} of node {op.name!r} has no static shape; fix the "
-                    "dynamic input dims with --dim NAME=VALUE"
-                )
-    names = [o.name for o in ops]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise MtppError(f"{where}: two nodes are named {dup!r}; node names must be unique")
+    attributes_to_metadata(model)  # before the checker, which refuses unknown attributes
+    unloaded = _absent_weights_as_inputs(model)
+    static = static_model(model, dims, where=where)
+    if static.note:
+        warnings.warn(static.note, stacklevel=2)
+    g = static.model.graph
+    folded = fold_values(g.node, static.shapes, _stored_values(g))
+    consts: dict[str, np.ndarray] = {**unloaded, **folded.values}
+    ops = _operators(g, set(folded.nodes), where)
+    static = _complete(static, ops, consts, where)
+    shapes, dtypes = _shapes_and_types(static, consts)
+    inputs = [i.name for i in g.input if i.name not in consts]
     sm = ShardModel(
-        inferred, ops, shapes, dtypes, consts, inputs, [o.name for o in g.output], source
+        static.model, ops, shapes, dtypes, consts, inputs, [o.name for o in g.output], source
     )
     for op in ops:
         for t in op.outputs:
@@ -192,50 +142,80 @@ def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
     return sm
 
 
-def _fold(node, consts: dict, shapes: dict) -> bool:
-    """Evaluate a static node into ``consts``; True when it was folded."""
+def _absent_weights_as_inputs(model) -> dict[str, Unloaded]:
+    """Turn every initializer whose external bytes are absent into a typed graph input (in
+    place); return their shapes and types."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    unloaded = {}
+    for init in list(model.graph.initializer):
+        if uses_external_data(init):
+            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+            unloaded[init.name] = Unloaded(tuple(int(d) for d in init.dims), dt)
+            model.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+            model.graph.initializer.remove(init)
+    return unloaded
+
+
+def _stored_values(graph) -> dict[str, np.ndarray]:
+    """The value of every initializer (their bytes are in memory: absent ones were removed)."""
     from onnx import numpy_helper
 
-    if node.op_type == "Constant":
-        attr = node.attribute[0]
-        if attr.name == "value":
-            consts[node.output[0]] = numpy_helper.to_array(attr.t)
-            return True
-    elif node.op_type == "Shape" and node.input[0] in shapes:
-        shp = np.array(shapes[node.input[0]], dtype=np.int64)
-        start = next((a.i for a in node.attribute if a.name == "start"), 0)
-        end = next((a.i for a in node.attribute if a.name == "end"), None)
-        consts[node.output[0]] = shp[start:end]
-        return True
-    ins = [t for t in node.input if t]
-    if not ins or any(t not in consts or isinstance(consts[t], Unloaded) for t in ins):
-        return False
-    out = run_node(node, [consts.get(t) if t else None for t in node.input])
-    for t, v in zip(node.output, out, strict=False):
-        if t:
-            consts[t] = np.asarray(v)
-    return True
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
 
 
-_EVALUATORS: dict = {}
+def _operators(graph, folded: set[int], where: str) -> list[Op]:
+    """Every node not folded, as an :class:`Op` (node names must be unique)."""
+    ops: list[Op] = []
+    for i, node in enumerate(graph.node):
+        if i in folded:
+            continue
+        outer = subgraph_inputs(node) if node.op_type in CONTROL_FLOW else []
+        name = node.name or f"{node.op_type}_{i}"
+        skip = SHAPE_INPUTS.get(node.op_type, set())
+        data = [k for k, t in enumerate(node.input) if t and k not in skip]
+        ops.append(Op(len(ops), name, node.op_type, node, data, i, outer))
+    names = [o.name for o in ops]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise MtppError(f"{where}: two nodes are named {dup!r}; node names must be unique")
+    return ops
 
 
-def run_node(node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    """One ONNX node evaluated with onnx's reference implementation (evaluators cached)."""
-    from onnx import helper
-    from onnx.reference import ReferenceEvaluator
+def _complete(static: StaticModel, ops: list[Op], consts: dict, where: str) -> StaticModel:
+    """``static`` with a shape for every tensor an operator reads or makes: one onnxruntime
+    run for outputs nobody reads (the front end ran it for every tensor read), if needed."""
+    tensors = [t for op in ops for t in (*op.data_inputs, *op.outer, *op.outputs)]
+    left = [t for t in static.unknown(tensors) if t not in consts]
+    if left and static.note is None:
+        static = with_run(static, left)
+        warnings.warn(static.note, stacklevel=3)
+        left = [t for t in static.unknown(left) if t not in consts]
+    if left:
+        op = next(o for o in ops if left[0] in (*o.data_inputs, *o.outer, *o.outputs))
+        raise MtppError(
+            f"{where}: tensor {left[0]!r} of node {op.name!r} has no static shape, even after "
+            "one onnxruntime run (a sequence or a map?); mtpp shard needs tensors"
+        )
+    return static
 
-    names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]
-    key = (node.SerializeToString(), tuple(names))
-    ev = _EVALUATORS.get(key)
-    if ev is None:
-        n2 = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.output))])
-        n2.attribute.extend(node.attribute)
-        n2.domain = node.domain
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ev = _EVALUATORS[key] = ReferenceEvaluator(n2)
-    feeds = {nm: x for nm, x in zip(names, inputs, strict=True) if nm}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ev.run(None, feeds)
+
+def _shapes_and_types(static: StaticModel, consts: dict):
+    """Tensor name -> shape and -> numpy dtype, for every tensor of known shape and every
+    constant."""
+    import onnx
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for name, (shape, elem) in static.shapes.items():
+        if elem:
+            dtypes[name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        if shape is not None:
+            shapes[name] = tuple(int(d) for d in shape)
+    for name, arr in consts.items():
+        shapes[name] = tuple(arr.shape)
+        dtypes[name] = arr.dtype
+    return shapes, dtypes
