@@ -1,57 +1,160 @@
-"""Export Hugging Face BERT and GPT-2 (built from a config, random weights) to ONNX via torch.
+"""Export Hugging Face models (built from a config, random weights) to ONNX via torch: BERT,
+GPT-2, a ViT, a diffusers U-Net and a Mixtral mixture-of-experts decoder, optionally
+quantized to int8.
 
-Needs torch and transformers (not dependencies of mtpp):
+Needs torch and transformers (not dependencies of mtpp), and diffusers for the U-Net:
 
-    pip install torch==2.13.0 transformers onnxscript
+    pip install torch==2.13.0 transformers onnxscript diffusers
     python models/export_hf.py bert --exporter legacy --seq 128 --out models/generated/bert.onnx
     python models/export_hf.py gpt2 --exporter dynamo --layers 12
     python models/export_hf.py bert --layers 2 --hidden 128 --heads 2   # a small variant
+    python models/export_hf.py vit --layers 2 --hidden 64 --heads 2 --image 32 --patch 8
+    python models/export_hf.py vit --layers 2 --hidden 64 --heads 2 --image 32 --patch 8 --int8
+    python models/export_hf.py unet --layers 1 --hidden 32 --heads 8 --image 8 --seq 6
+    python models/export_hf.py moe --layers 2 --hidden 32 --heads 2 --vocab 128 --seq 8
 
 Nothing is downloaded: the models are built from a config with random weights. The script
 prints the model's parameter count (tied weights counted once, as torch counts them), which
 ``benchmarks/bench_onnx.py`` compares with what the importer finds.
+
+Per kind, ``--layers`` is the number of transformer layers (U-Net: layers per block),
+``--hidden`` the width (U-Net: channels of the first block, doubled in the second, and the
+text-embedding width), ``--heads`` the attention heads (U-Net: the width of one head), ``--seq``
+the tokens (U-Net: text tokens), ``--image`` the image side (U-Net: latent side). ``--int8``
+quantizes the weights of MatMul, Gemm and Conv with onnxruntime's ``quantize_dynamic``
+(MatMulInteger, ConvInteger, DynamicQuantizeLinear). The MoE decoder routes each token to
+``--top-k`` of ``--experts`` experts; ``--experts-impl batched_mm`` (default) gathers the
+chosen experts' weights (static shapes), ``eager`` loops over the experts the example tokens
+hit, which the tracing exporter freezes: that export is valid for every input only when
+``--top-k`` equals ``--experts``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
+KINDS = ("bert", "gpt2", "vit", "unet", "moe")
 
-def build(kind: str, layers: int, hidden: int, heads: int, vocab: int | None):
-    """A randomly initialised BertModel or GPT2LMHeadModel in eval mode."""
+
+@dataclass
+class Sizes:
+    """The sizes a model is built with (see the module docstring for what each means)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int | None = None
+    image: int = 224
+    patch: int = 16
+    experts: int = 4
+    top_k: int = 2
+    experts_impl: str = "batched_mm"
+
+
+@dataclass
+class Example:
+    """A module to export with its example inputs, in order, and their names."""
+
+    module: object
+    args: tuple
+    names: list[str]
+
+
+def build(kind: str, layers: int, hidden: int, heads: int, vocab: int | None, **more):
+    """A randomly initialised model of ``kind`` in eval mode (``more``: the other fields of
+    :class:`Sizes`)."""
     import torch
-    import transformers
 
     torch.manual_seed(0)
-    if kind == "bert":
-        cfg = transformers.BertConfig(
-            num_hidden_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            intermediate_size=4 * hidden,
-            vocab_size=vocab or 30522,
-        )
-        model = transformers.BertModel(cfg)
-    elif kind == "gpt2":
-        cfg = transformers.GPT2Config(
-            n_layer=layers,
-            n_embd=hidden,
-            n_head=heads,
-            vocab_size=vocab or 50257,
-        )
-        model = transformers.GPT2LMHeadModel(cfg)
-    else:
+    sizes = Sizes(layers, hidden, heads, vocab, **more)
+    builders = {"bert": _bert, "gpt2": _gpt2, "vit": _vit, "unet": _unet, "moe": _moe}
+    if kind not in builders:
         raise ValueError(kind)
-    model.config.use_cache = False
+    model = builders[kind](sizes)
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
     # fresh biases are all zeros and LayerNorm weights all ones; exporters deduplicate equal
     # initializers, so give every parameter distinct random values to keep them apart
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.02)
     return model.eval()
+
+
+def _bert(s: Sizes):
+    import transformers
+
+    cfg = transformers.BertConfig(
+        num_hidden_layers=s.layers,
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        intermediate_size=4 * s.hidden,
+        vocab_size=s.vocab or 30522,
+    )
+    return transformers.BertModel(cfg)
+
+
+def _gpt2(s: Sizes):
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_layer=s.layers, n_embd=s.hidden, n_head=s.heads, vocab_size=s.vocab or 50257
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _vit(s: Sizes):
+    import transformers
+
+    cfg = transformers.ViTConfig(
+        num_hidden_layers=s.layers,
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        intermediate_size=4 * s.hidden,
+        image_size=s.image,
+        patch_size=s.patch,
+    )
+    return transformers.ViTModel(cfg)
+
+
+def _unet(s: Sizes):
+    import diffusers
+
+    return diffusers.UNet2DConditionModel(
+        sample_size=s.image,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=s.layers,
+        block_out_channels=(s.hidden, 2 * s.hidden),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=s.hidden,
+        attention_head_dim=s.heads,
+        norm_num_groups=min(32, s.hidden // 4),
+    )
+
+
+def _moe(s: Sizes):
+    import transformers
+
+    cfg = transformers.MixtralConfig(
+        num_hidden_layers=s.layers,
+        hidden_size=s.hidden,
+        intermediate_size=2 * s.hidden,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.heads,
+        num_local_experts=s.experts,
+        num_experts_per_tok=s.top_k,
+        vocab_size=s.vocab or 32000,
+        max_position_embeddings=4096,
+        experts_implementation=s.experts_impl,
+    )
+    return transformers.MixtralForCausalLM(cfg)
 
 
 def parameter_count(model) -> int:
@@ -80,39 +183,96 @@ def _wrapped(model):
     return Wrapped(model).eval()
 
 
+def _vision_wrapped(model):
+    """A ViT called on pixels, returning its hidden states and pooled output."""
+    import torch
+
+    class Vision(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values):
+            out = self.inner(pixel_values=pixel_values, return_dict=False)
+            return tuple(out[:2])
+
+    return Vision(model).eval()
+
+
+def _unet_wrapped(model):
+    """A U-Net called on a latent, a timestep and text embeddings, returning the noise."""
+    import torch
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, sample, timestep, encoder_hidden_states):
+            return self.inner(
+                sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False
+            )[0]
+
+    return Denoiser(model).eval()
+
+
+def example(model, kind: str, seq: int, batch: int) -> Example:
+    """The module to export and its example inputs."""
+    import torch
+
+    if kind == "vit":
+        side = model.config.image_size
+        pixels = torch.randn(batch, model.config.num_channels, side, side)
+        return Example(_vision_wrapped(model), (pixels,), ["pixel_values"])
+    if kind == "unet":
+        cfg = model.config
+        latent = torch.randn(batch, cfg.in_channels, cfg.sample_size, cfg.sample_size)
+        text = torch.randn(batch, seq, cfg.cross_attention_dim)
+        names = ["sample", "timestep", "encoder_hidden_states"]
+        return Example(_unet_wrapped(model), (latent, torch.tensor([10]), text), names)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    return Example(_wrapped(model), (ids, mask), ["input_ids", "attention_mask"])
+
+
 def export(model, kind: str, seq: int, batch: int, out: Path, exporter: str) -> None:
     import torch
 
-    vocab = model.config.vocab_size
-    model = _wrapped(model)
-
-    ids = torch.randint(0, vocab, (batch, seq))
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    args = (ids, mask)
-    names = ["input_ids", "attention_mask"]
+    ex = example(model, kind, seq, batch)
     out.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
             torch.onnx.export(
-                model,
-                args,
+                ex.module,
+                ex.args,
                 str(out),
-                input_names=names,
+                input_names=ex.names,
                 opset_version=17,
                 do_constant_folding=True,
                 dynamo=False,
             )
         else:
-            prog = torch.onnx.export(model, args, input_names=names, dynamo=True, optimize=True)
+            prog = torch.onnx.export(
+                ex.module, ex.args, input_names=ex.names, dynamo=True, optimize=True
+            )
             prog.save(str(out))
+
+
+def quantize_int8(src: Path, out: Path) -> None:
+    """``src`` with its MatMul/Gemm/Conv weights quantized to int8 (onnxruntime's dynamic
+    quantization: activations are quantized at run time), written to ``out``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("kind", choices=["bert", "gpt2"])
+    ap.add_argument("kind", choices=KINDS)
     ap.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=768)
@@ -120,21 +280,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--image", type=int, default=224, help="image side (U-Net: latent side)")
+    ap.add_argument("--patch", type=int, default=16, help="ViT patch side")
+    ap.add_argument("--experts", type=int, default=4, help="MoE experts")
+    ap.add_argument("--top-k", type=int, default=2, help="MoE experts per token")
+    ap.add_argument("--experts-impl", choices=["batched_mm", "eager"], default="batched_mm")
+    ap.add_argument("--int8", action="store_true", help="quantize the weights to int8")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
+
+        if args.kind == "unet":
+            import diffusers  # noqa: F401
     except ImportError:
         print(
-            "this script needs torch and transformers: "
-            "pip install torch==2.13.0 transformers onnxscript",
+            "this script needs torch and transformers (and diffusers for unet): "
+            "pip install torch==2.13.0 transformers onnxscript diffusers",
             file=sys.stderr,
         )
         return 2
-    model = build(args.kind, args.layers, args.hidden, args.heads, args.vocab)
-    out = args.out or Path(__file__).parent / "generated" / f"{args.kind}-{args.exporter}.onnx"
-    export(model, args.kind, args.seq, args.batch, out, args.exporter)
+    more = {"image": args.image, "patch": args.patch, "experts": args.experts}
+    more.update(top_k=args.top_k, experts_impl=args.experts_impl)
+    model = build(args.kind, args.layers, args.hidden, args.heads, args.vocab, **more)
+    suffix = "-int8" if args.int8 else ""
+    default = Path(__file__).parent / "generated" / f"{args.kind}-{args.exporter}{suffix}.onnx"
+    out = args.out or default
+    if args.int8:
+        with tempfile.TemporaryDirectory() as tmp:
+            fp32 = Path(tmp) / "fp32.onnx"
+            export(model, args.kind, args.seq, args.batch, fp32, args.exporter)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            quantize_int8(fp32, out)
+    else:
+        export(model, args.kind, args.seq, args.batch, out, args.exporter)
     print(f"{out}: {parameter_count(model)} parameters")
     return 0
 
