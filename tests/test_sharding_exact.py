@@ -441,24 +441,39 @@ def test_lagrangian_bound_and_segments_on_a_two_layer_transformer():
 
 
 # ---------------------------------------------------------------------- weight-budget bound
+def _combos(model):
+    return itertools.product(*[range(len(c)) for c in model.cands])
+
+
+def _plan_of(pl, model, combo) -> dict:
+    return {
+        o.name: model.cands[i][s].strategy
+        for i, (o, s) in enumerate(zip(pl.sm.ops, combo, strict=True))
+    }
+
+
+def _bytes_of(mem, combo) -> float:
+    """The bytes a StepMemory's terms add up to for one choice per operator."""
+    total = mem.const + sum(float(b[combo[i]]) for i, b in mem.unary.items())
+    return total + sum(float(m[combo[u], combo[v]]) for (u, v), m in mem.pairs.items())
+
+
 @pytest.mark.parametrize(
     "seed, cluster, mesh", [(0, CL4, None), (7, CL4_LAT, None), (15, CL4, (2, 2)), (24, CL4, None)]
 )
 def test_weight_budget_bound_is_exact_on_its_relaxation(seed, cluster, mesh):
     """Variable elimination with a level axis (budget_bound) is the exact minimum of its
-    relaxation (weights W' plus the outputs alive at one step within the limit): brute force
-    over every choice agrees; its plan is one of those minimisers; and it is never above the
-    best plan within the limit (a valid bound), whatever the step."""
-    import time
-
-    from solver.sharding.budget import budget_bound, live_bytes
+    relaxation (weights W' plus the outputs alive and the copies made at one step within the
+    limit): brute force over every choice agrees; its plan is one of those minimisers; the
+    step's bytes are never above a plan's memory; and the bound is never above the best plan
+    within the limit (a valid bound), whatever the step."""
+    from solver.sharding.budget import budget_bound, step_memory
     from solver.sharding.exact import ShardModel
     from solver.sharding.lagrange import _Problem
 
     pl = _planner(random_model(seed), cluster, mesh)
     objs, mems, _ = brute_force(pl)
-    names, times = [op.name for op in pl.sm.ops], {}
-    checked = 0
+    times, checked = {}, 0
     for q in (0.1, 0.3, 0.6):
         limit = float(np.quantile(mems, q))
         model = ShardModel(pl, limit, {}, "time", build=False)
@@ -466,39 +481,127 @@ def test_weight_budget_bound_is_exact_on_its_relaxation(seed, cluster, mesh):
             continue
         prob = _Problem(model)
         best = float(objs[mems <= limit].min())
-        floors = model.floors()[2]  # the step of the largest floor, the first and the last
-        for step in sorted({int(np.argmax(floors)), 0, len(pl.sm.ops) - 1}):
-            live = live_bytes(model, step)
-            out = budget_bound(prob, limit, live, time.perf_counter() + 30)
+        for step in range(len(pl.sm.ops)):
+            mem = step_memory(model, step).with_weights(prob)
+            out = budget_bound(prob, limit, step_memory(model, step), time.perf_counter() + 30)
             if out is None:  # the least bytes at this step already exceed the limit
-                pairs = zip(prob.wbytes, live, strict=True)
-                least = prob.wconst + sum(float((w + a).min()) for w, a in pairs)
-                assert least > limit
+                assert mem.least() > limit
                 continue
-            value, choice, budget, unit = out
-            assert value <= best * (1 + 1e-12)
-            # brute force over the relaxation: min time with W' + live - (their least) <= budget
-            mem = [w + a for w, a in zip(prob.wbytes, live, strict=True)]
-            low = sum(float(m.min()) for m in mem)
-            relaxed = math.inf
-            for combo in itertools.product(*[range(len(c)) for c in model.cands]):
-                if sum(float(mem[i][s]) for i, s in enumerate(combo)) - low <= budget:
-                    key = tuple(model.cands[i][s].strategy for i, s in enumerate(combo))
-                    if key not in times:
-                        s = dict(zip(names, key, strict=True))
-                        times[key] = evaluate(pl, s).objective
-                    relaxed = min(relaxed, times[key])
-            excess = np.concatenate([m - m.min() for m in mem])
-            if np.all(excess % unit == 0):  # rounding lost nothing: exact
-                assert value == pytest.approx(relaxed, rel=1e-9)
+            assert out.value <= best * (1 + 1e-12)
+            relaxed, exact = math.inf, True
+            for combo in _combos(model):
+                plan = _plan_of(pl, model, combo)
+                key = tuple(plan.values())
+                if key not in times:
+                    p = evaluate(pl, plan)
+                    times[key] = (p.objective, p.memory_per_device)
+                nbytes = _bytes_of(mem, combo)
+                assert nbytes <= times[key][1] * (1 + 1e-12)  # the step never holds more
+                if nbytes - mem.least() <= out.budget:
+                    relaxed = min(relaxed, times[key][0])
+            excess = [b - b.min() for b in mem.unary.values()]
+            excess += [m - m.min() for m in mem.pairs.values()]
+            exact = all(np.all(e % out.unit == 0) for e in excess)
+            if exact:  # rounding lost nothing
+                assert out.value == pytest.approx(relaxed, rel=1e-9)
             else:
-                assert value <= relaxed * (1 + 1e-12)
-            plan = {o.name: model.cands[i][choice[i]].strategy for i, o in enumerate(pl.sm.ops)}
-            assert evaluate(pl, plan).objective == pytest.approx(value, rel=1e-9)
-            used = sum(float(mem[i][s] - mem[i].min()) // unit for i, s in enumerate(choice))
-            assert used * unit <= budget
+                assert out.value <= relaxed * (1 + 1e-12)
+            choice = out.tables.choice(out.tables.best_level())
+            plan = evaluate(pl, _plan_of(pl, model, choice))
+            assert plan.objective == pytest.approx(out.value, rel=1e-9)
             checked += 1
     assert checked >= 4
+
+
+@pytest.mark.parametrize(
+    "seed, cluster, mesh", [(0, CL4, None), (15, CL4, (2, 2)), (24, CL4, None)]
+)
+def test_activation_needs_and_the_peak_bound_against_brute_force(seed, cluster, mesh):
+    """Every choice and pair of choices needs at most the activation peak of every plan making
+    it (brute force over every plan); the activation-peak bound equals the brute-force minimum
+    of its relaxation (min over c of the least time with W' within c units and no need above
+    the limit - least W' - c units) and is never above the best plan within the limit."""
+    from solver.sharding.budget import activation_needs, peak_bound
+    from solver.sharding.exact import ShardModel
+    from solver.sharding.lagrange import _Problem
+
+    pl = _planner(random_model(seed), cluster, mesh)
+    objs, mems, _ = brute_force(pl)
+    model = ShardModel(pl, None, {}, "time", build=False)
+    prob = _Problem(model)
+    needs = activation_needs(model, prob)
+    rows = []
+    for combo in _combos(model):
+        p = evaluate(pl, _plan_of(pl, model, combo))
+        need = max(
+            [float(a[combo[i]]) for i, a in needs.unary.items()]
+            + [float(m[combo[u], combo[v]]) for (u, v), m in needs.pairs.items()]
+            + [needs.floor]
+        )
+        assert need <= p.peak_activation_memory * (1 + 1e-12)
+        rows.append((combo, p.objective, p.memory_per_device, need))
+    assert any(r[3] > needs.floor for r in rows)  # some choice needs more than the floor
+    wmin = prob.wconst + sum(float(w.min()) for w in prob.wbytes)
+    solved = 0
+    for q in (0.1, 0.3, 0.6):
+        limit = float(np.quantile(mems, q))
+        out = peak_bound(prob, limit, needs, time.perf_counter() + 30)
+        if out is None:
+            continue
+        best = float(objs[mems <= limit].min())
+        assert out.value <= best * (1 + 1e-12) and out.complete
+        relaxed = math.inf
+        for combo, t, _m, need in rows:
+            level = sum(
+                int((w[s] - w.min()) // out.unit) for w, s in zip(prob.wbytes, combo, strict=True)
+            )
+            top = math.floor((limit - wmin - needs.floor) / out.unit)
+            if level <= min(top, math.floor((limit - wmin - need) / out.unit)):
+                relaxed = min(relaxed, t)
+        if all(np.all((w - w.min()) % out.unit == 0) for w in prob.wbytes):
+            assert out.value == pytest.approx(relaxed, rel=1e-9)
+        else:
+            assert out.value <= relaxed * (1 + 1e-12)
+        solved += 1
+    assert solved >= 2
+
+
+@pytest.mark.parametrize(
+    "seed, cluster, mesh", [(0, CL4, None), (7, CL4_LAT, None), (15, CL4, (2, 2))]
+)
+def test_least_memory_interval_holds_the_brute_force_minimum(seed, cluster, mesh):
+    """Variable elimination's least memory: its lower end is below every plan's memory, its
+    upper end is the memory of a plan it returns, and brute force's minimum lies between."""
+    from solver.sharding.lagrange import least_memory_plan
+
+    pl = _planner(random_model(seed), cluster, mesh)
+    _objs, mems, _ = brute_force(pl)
+    lean = least_memory_plan(pl, {}, 30.0)
+    assert lean.lower <= mems.min() * (1 + 1e-12)
+    assert lean.upper >= mems.min()
+    assert evaluate(pl, lean.strategies).memory_per_device == lean.upper
+    assert lean.exact == (lean.upper == mems.min() and lean.lower >= mems.min() * (1 - 1e-12))
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_limit_below_the_least_memory_is_refused_with_the_smallest_that_works(layers):
+    """Asked for less memory than any plan needs, cpsat refuses in one line with the least
+    memory per device any plan needs, exactly; a plan exists at that limit and one byte less
+    is refused with the same number (a transformer: attention, FFN, layer norms)."""
+    model = examples.transformer(layers=layers, batch=2, seq=16, hidden=32, heads=4, vocab=64)
+    sm = from_proto(model, {})
+    pattern = (
+        r"^no sharding plan fits the memory limit of .* per device; the least memory any plan "
+        r"needs is .* \((\d+) bytes\); raise --memory$"
+    )
+    with pytest.raises(MtppError) as info:
+        solve_sharding(sm, cluster=CL4, method="cpsat", memory=1000, time_limit=20)
+    least = int(re.match(pattern, str(info.value)).group(1))
+    res = solve_sharding(sm, cluster=CL4, method="cpsat", memory=least, time_limit=20)
+    assert res.program.memory_per_device == least
+    with pytest.raises(MtppError) as below:
+        solve_sharding(sm, cluster=CL4, method="cpsat", memory=least - 1, time_limit=20)
+    assert int(re.match(pattern, str(below.value)).group(1)) == least
 
 
 def test_budget_bound_proves_the_optimum_of_a_transformer_under_a_tight_limit():
@@ -574,7 +677,8 @@ def test_model_building_and_lagrange_stop_at_their_deadline():
     assert res.cpsat_status == NOT_BUILT and res.strategies is None
     assert res.lower_bound == -math.inf
     assert lagrange(pl, None, {}, 0.0) is None
-    assert min_memory(pl, {}, 0.0) == (0.0, None)
+    empty = min_memory(pl, {}, 0.0)
+    assert (empty.lower, empty.upper, empty.strategies) == (0.0, math.inf, None)
     # with time, the same model builds and CP-SAT proves the optimum
     full = solve_exact(pl, None, {}, [], ExactOptions(time_limit=10))
     assert full.cpsat_status == "OPTIMAL" and full.lower_bound > 0

@@ -38,7 +38,7 @@ from ortools.sat.python import cp_model
 
 from solver.exact.sat import MAX_COEF, new_solver, search_params
 from solver.sharding.mesh import canonical
-from solver.sharding.program import Planner
+from solver.sharding.program import Planner, evaluate
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import OpSharding, Strategy
 
@@ -236,6 +236,7 @@ class ShardModel:
                     self.step_unary[v][s] += local_bytes(sh.in_layouts[k], sm.itemsize(t))
         # edges: classes of each end and the (time, copy bytes) matrix between them
         self.edges = []
+        self.edges_into: list[list] = [[] for _ in range(n)]  # (u, a_of, b_of, copy bytes)
         cache: dict = {}
         for v in range(n):
             for u, pos, k in pl.in_edges[v]:
@@ -260,7 +261,9 @@ class ShardModel:
                 time_m, mem_m = cache[key]
                 ia = {c: j for j, c in enumerate(a_cls)}
                 ib = {c: j for j, c in enumerate(b_cls)}
-                self.edges.append((u, v, [ia[c] for c in src], [ib[c] for c in dst], time_m, mem_m))
+                a_of, b_of = [ia[c] for c in src], [ib[c] for c in dst]
+                self.edges.append((u, v, a_of, b_of, time_m, mem_m))
+                self.edges_into[v].append((u, a_of, b_of, mem_m))
 
     def _scale(self) -> None:
         """Time scale S and memory unit (powers of two), every coefficient below 2^30.
@@ -646,21 +649,37 @@ def solve_exact(
     return ExactResult(strategies, bound, solver.StatusName(status), stats)
 
 
+@dataclass
+class LeastMemory:
+    """Every plan needs at least ``lower`` bytes per device; the leanest plan found
+    (``strategies``, None if none) needs ``upper`` (inf if none): equal when that plan is
+    proven the leanest."""
+
+    lower: float
+    upper: float
+    strategies: dict[str, Strategy] | None
+
+    @property
+    def exact(self) -> bool:
+        return self.upper <= self.lower * (1 + 1e-12)
+
+
 def min_memory(
     planner: Planner, pins: dict[str, Strategy], time_limit: float, workers: int = 0
-) -> tuple[float, float | None]:
-    """(a lower bound on the memory per device every plan needs, the least found or None);
-    (0, None) when building the model takes the whole ``time_limit``."""
+) -> LeastMemory:
+    """A lower bound on the memory per device every plan needs (CP-SAT's bound on its memory
+    model, bytes rounded down) and the leanest plan it found, priced by ``evaluate``; lower 0
+    and no plan when building the model takes the whole ``time_limit``."""
     t0 = time.perf_counter()
     try:
         model = ShardModel(planner, None, pins, "memory", "pairs", deadline=t0 + time_limit)
     except DeadlineReached:
-        return 0.0, None
+        return LeastMemory(0.0, math.inf, None)
     left = time_limit - (time.perf_counter() - t0)
     solver = _solver(ExactOptions(workers=workers), left)
     status = solver.Solve(model.m)
-    bound = solver.BestObjectiveBound() * model.unit
-    best = None
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        best = solver.ObjectiveValue() * model.unit
-    return bound, best
+    lower = solver.BestObjectiveBound() * model.unit
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return LeastMemory(lower, math.inf, None)
+    strategies = model.read(solver)
+    return LeastMemory(lower, evaluate(planner, strategies).memory_per_device, strategies)

@@ -30,15 +30,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.plan import OPTIMALITY_TOL
-from solver.sharding.budget import budget_bound, live_bytes, peak_step
-from solver.sharding.exact import DeadlineReached, ShardModel
+from solver.sharding.budget import (
+    activation_needs,
+    budget_bound,
+    combine,
+    least_memory,
+    min_sum,
+    peak_bound,
+    step_bytes,
+    step_memory,
+)
+from solver.sharding.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.sharding.program import Planner, evaluate
 from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
-BUDGET_SHARE = 0.5  # share of the Lagrangian time the weight-budget bound and its plans may take
-BUDGET_TRIES = 2  # weight-budget solves after the first (another step, or a shrunk budget)
+BUDGET_SHARE = 0.8  # share of the Lagrangian time the weight-budget bounds and their plans may take
+BUDGET_PLANS = 12  # plans evaluated from one weight-budget solve's tables (until one fits)
 
 
 @dataclass
@@ -89,53 +98,9 @@ class _Problem:
     def solve(self, lam: float, deadline: float | None = None) -> tuple[float, list[int]]:
         """The exact minimum of time + lam * W' over all choices, and a minimiser; raises
         DeadlineReached once ``time.perf_counter()`` passes ``deadline``."""
-        factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-        by_var: dict[int, set[int]] = {i: set() for i in self.free}
-        fid = 0
-        for i in self.free:
-            factors[fid] = ((i,), self.unary[i] + lam * self.wbytes[i])
-            by_var[i].add(fid)
-            fid += 1
-        for (u, v), m in self.pairs.items():
-            factors[fid] = ((u, v), m)
-            by_var[u].add(fid)
-            by_var[v].add(fid)
-            fid += 1
-        trace = []
-        total = 0.0
-        for x in self.order:
-            if deadline is not None and time.perf_counter() > deadline:
-                raise DeadlineReached
-            fs = [factors.pop(f) for f in sorted(by_var[x])]
-            scope = sorted({y for sc, _ in fs for y in sc})
-            shape = [self.sizes[y] for y in scope]
-            acc = np.zeros(shape)
-            for sc, arr in fs:
-                idx = [scope.index(y) for y in sc]
-                perm = np.argsort(idx)
-                view = np.transpose(arr, perm)
-                full = [1] * len(scope)
-                for y in sc:
-                    full[scope.index(y)] = self.sizes[y]
-                acc = acc + view.reshape(full)
-            ax = scope.index(x)
-            arg = np.argmin(acc, axis=ax)
-            red = np.min(acc, axis=ax)
-            rest = tuple(y for y in scope if y != x)
-            trace.append((x, rest, arg))
-            for y in scope:
-                by_var[y] -= {f for f in list(by_var[y]) if f not in factors}
-            if rest:
-                factors[fid] = (rest, red)
-                for y in rest:
-                    by_var[y].add(fid)
-                fid += 1
-            else:
-                total += float(red)
-        choice = [0] * len(self.sizes)
-        for x, rest, arg in reversed(trace):
-            choice[x] = int(arg[tuple(choice[y] for y in rest)]) if rest else int(arg)
-        return total + self.const + lam * self.wconst, choice
+        unary = [u + lam * w for u, w in zip(self.unary, self.wbytes, strict=True)]
+        value, choice = min_sum(self.sizes, self.order, unary, self.pairs, deadline)
+        return value + self.const + lam * self.wconst, choice
 
 
 def _elimination_order(free, sizes, pairs) -> list[int]:
@@ -182,7 +147,9 @@ def lagrange(
 ) -> LagrangeResult | None:
     """The best Lagrangian bound and plan within ``time_limit``; None when the graph is too
     wide for variable elimination, an operator has no choice within the limit, or the time
-    limit passes before the first bound (stats "lagrange_stopped" says it passed later)."""
+    limit passes before the first bound (stats "lagrange_stopped" says it passed later).
+    When the least bytes any plan holds at one step exceed the limit, no plan fits: no bound,
+    no plan, and stats "least_memory_bound" says how many bytes every plan needs."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     try:
@@ -198,6 +165,13 @@ def lagrange(
     sm = planner.sm
     _wmin, _omin, steps = model.floors()
     p_floor = max(steps, default=0.0)
+    if limit is not None:  # no plan fits when the least bytes at one step exceed the limit
+        try:
+            low = least_memory(prob, step_memory(model, int(np.argmax(steps))), deadline)
+        except DeadlineReached:
+            return None
+        if low.nbytes > limit:
+            return LagrangeResult(-math.inf, None, math.inf, {"least_memory_bound": low.nbytes})
     best_lb, best = -math.inf, None
     stats: dict = {}
     evaluated = 0
@@ -220,41 +194,62 @@ def lagrange(
         return ok
 
     def budget() -> bool:
-        """The weight-budget bounds and their plans: first with the outputs alive at the step
-        of the largest activation floor, then at the peak step of a plan that does not fit (a
-        new bound) or with the budget shrunk by its excess; True when a plan that fits meets
-        the best bound (proven optimal)."""
-        nonlocal best_lb, best
+        """The weight-budget bound at the step of the largest activation floor, then (unless
+        its plans prove it) the activation-peak bound, each with its plans; True when a plan
+        that fits meets the best bound (proven optimal)."""
+        nonlocal best_lb
         tb = time.perf_counter()
         deadline = tb + BUDGET_SHARE * (time_limit - (tb - t0))
-        step, cap, tried = int(np.argmax(steps)), None, set()
-        for _ in range(1 + BUDGET_TRIES):
-            out = budget_bound(prob, limit, live_bytes(model, step), deadline, cap)
-            if out is None or not math.isfinite(out[0]):
+        memo: dict = {}  # eliminations shared by the solves (equal layers, equal tables)
+        floor_step = step_memory(model, int(np.argmax(steps)))
+        out = budget_bound(prob, limit, floor_step, deadline, memo)
+        if out is not None and math.isfinite(out.value):
+            if out.value > best_lb:
+                best_lb, stats["binding_bound"] = out.value, "weight budget"
+            stats["budget_lower_bound"] = out.value
+            stats["budget_unit_bytes"] = out.unit
+            budget_plans(out.tables, out.cap, out.unit, deadline)
+        if not proven():
+            try:
+                needs = activation_needs(model, prob, deadline)
+            except DeadlineReached:
+                needs = None
+            peak = None
+            if needs is not None:
+                peak = peak_bound(prob, limit, needs, deadline, budget_plans, memo)
+            if peak is not None and math.isfinite(peak.value):
+                if peak.value > best_lb:
+                    best_lb, stats["binding_bound"] = peak.value, "activation peak"
+                stats["peak_lower_bound"] = peak.value
+                stats["peak_caps_solved"] = peak.solved
+        stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
+        return proven()
+
+    def budget_plans(tables, cap: int, unit: int, deadline: float | None = None) -> float:
+        """Plans of one weight-budget solve's tables, the least time first, until one fits:
+        each next one at fewer units (by the bytes the last one was over); returns the time of
+        the best plan that fits so far (inf if none)."""
+        nonlocal best
+        top = cap
+        for k in range(BUDGET_PLANS):
+            level = tables.best_level(top)
+            if level is None or (k and deadline is not None and time.perf_counter() > deadline):
                 break
-            value, choice, room, unit = out
-            if cap is None:
-                tried.add(step)
-                if value > best_lb:
-                    best_lb, stats["binding_bound"] = value, "weight budget"
-                stats["budget_lower_bound"] = max(value, stats.get("budget_lower_bound", value))
-                stats["budget_unit_bytes"] = unit
+            choice = tables.choice(level)
             strategies = {
                 op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)
             }
             program = evaluate(planner, strategies)
             plans.append((strategies, program))
             over = program.memory_per_device - limit
-            if over <= 0 and (best is None or program.objective < best[0]):
-                best = (program.objective, strategies)
-            if over <= 0 or (best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]):
+            if over <= 0:
+                if best is None or program.objective < best[0]:
+                    best = (program.objective, strategies)
                 break
-            peak = peak_step(model, choice)
-            if peak not in tried:
-                step, cap = peak, None
-            else:
-                cap = room - over
-        stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
+            top = level - max(1, math.ceil(over / unit))
+        return math.inf if best is None else best[0]
+
+    def proven() -> bool:
         return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
 
     try:
@@ -263,8 +258,7 @@ def lagrange(
         if not math.isfinite(best_lb):
             return None
         stats["lagrange_stopped"] = "the time limit passed during variable elimination"
-    proven = best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
-    if best is not None and limit is not None and len(plans) > 1 and not proven:
+    if best is not None and limit is not None and len(plans) > 1 and not proven():
         packed = knapsack_segments(planner, plans, limit)
         mixed = mix_segments(planner, plans, limit, t0 + time_limit)
         for found in (packed, mixed):
@@ -473,4 +467,43 @@ def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 
                 best = (p.objective, trial)
             return best
         budget -= p.memory_per_device - limit  # shrink by the excess and pack again
+    return best
+
+
+LEAST_MEMORY_TRIES = 6  # steps whose least bytes are bounded in least_memory_plan
+
+
+def least_memory_plan(
+    planner: Planner, pins: dict[str, Strategy], time_limit: float
+) -> LeastMemory | None:
+    """The least memory per device any plan needs, bounded below by the least bytes held at
+    one step (W' + activations + copies, exact by variable elimination: every plan holds at
+    least that there), and above by the leanest plan found: the plan minimising those bytes
+    with the activations of every step as a tie-break, then again at its own peak step. None
+    when the model cannot be built in time or is too wide."""
+    deadline = time.perf_counter() + time_limit
+    try:
+        model = ShardModel(planner, None, pins, "time", build=False, deadline=deadline)
+        prob = _Problem(model)
+        steps = range(len(model.cands))
+        every = combine([step_memory(model, v) for v in steps], 1 / (4 * len(steps)))
+        step, tried, lower, best = int(np.argmax(model.floors()[2])), set(), 0.0, None
+        while len(tried) < LEAST_MEMORY_TRIES and step not in tried:
+            tried.add(step)
+            mem = step_memory(model, step)
+            lower = max(lower, least_memory(prob, mem, deadline).nbytes)
+            lean = least_memory(prob, combine([mem, every]), deadline)
+            s = {
+                op.name: model.cands[i][c].strategy
+                for i, (op, c) in enumerate(zip(planner.sm.ops, lean.choice, strict=True))
+            }
+            need = evaluate(planner, s).memory_per_device
+            if best is None or need < best.upper:
+                best = LeastMemory(lower, need, s)
+            best.lower = lower
+            if best.exact:
+                break
+            step = int(np.argmax(step_bytes(model, lean.choice)))
+    except (DeadlineReached, _TooWide):
+        return None
     return best

@@ -24,7 +24,7 @@ METHODS = {
     "megatron": "Megatron-LM: weight MatMuls alternate column and row splits, then propagation",
     "cpsat": "exact: CP-SAT over every strategy of every operator, warm-started by the others",
 }
-LAGRANGE_SHARE = 0.7  # share of the time limit the Lagrangian bound and mixing may take
+LAGRANGE_SHARE = 0.85  # share of the time limit the Lagrangian bound and mixing may take
 MEMORY_BOUND_SHARE = 0.25  # share of the time limit spent bounding an impossible memory limit
 
 
@@ -219,7 +219,6 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         NOT_BUILT,
         ExactOptions,
         ExactResult,
-        min_memory,
         solve_exact,
     )
     from solver.sharding.lagrange import lagrange
@@ -250,6 +249,10 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         note("Lagrangian bound (variable elimination)")
         lag = lagrange(planner, limit, pins, LAGRANGE_SHARE * left())
     lag_stats = {}
+    if lag is not None and "least_memory_bound" in lag.stats:  # no plan fits the limit
+        raise _refusal(
+            planner, pins, limit, max(1.0, left()), workers
+        )
     if lag is not None:
         bound = max(bound, lag.lower_bound)
         lag_stats = {**lag.stats, "lagrange_lower_bound": lag.lower_bound}
@@ -310,19 +313,8 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         )
     stats["warm_starts"] = {h[1]: h[0] if fits(h[3], limit) else None for h in hints}
     if res.cpsat_status == "INFEASIBLE":
-        share = max(1.0, min(MEMORY_BOUND_SHARE * time_limit, left()))
-        need, least_found = min_memory(planner, pins, share, workers)
-        if least_found is not None and least_found <= need:
-            least = f"; the least memory any plan needs is {_fmt(need)}"
-        elif need > 0:
-            least = f"; every plan needs at least {_fmt(need)}"
-            if least_found is not None:
-                least += f" (the leanest plan found needs {_fmt(least_found)})"
-        else:
-            least = ""
-        raise MtppError(
-            f"no sharding plan fits the memory limit of {_fmt(limit)} per device{least}; "
-            "raise --memory"
+        raise _refusal(
+            planner, pins, limit, max(1.0, left()), workers
         )
     best = fitting[0] if fitting else None
     if best is not None:
@@ -351,10 +343,12 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         res = solve_exact(planner, limit, pins, [best[2]], opts, upper)
         stats["resolved_with_upper_bound"] = upper
     if best is None:
-        raise MtppError(
-            f"no plan that fits {_fmt(limit)} per device found within the time limit "
-            f"({time_limit:g} s) and none of propagate, dp, megatron fits; raise --time-limit"
-        )
+        lean = _least_memory(planner, pins, max(1.0, MEMORY_BOUND_SHARE * time_limit), workers)
+        if lean is None or lean.strategies is None or lean.upper > limit:
+            raise _refusal(planner, pins, limit, 0.0, workers, lean, time_limit)
+        best = (evaluate(planner, lean.strategies).objective, "least memory", lean.strategies,
+                evaluate(planner, lean.strategies))  # fmt: skip
+        stats["kept_warm_start"] = "least memory"
     objective, _, strategies, program = best
     if bound_exceeds(lb, objective):
         raise InvalidBoundError(
@@ -377,3 +371,55 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         time.perf_counter() - t0,
         stats,
     )
+
+
+def _least_memory(planner, pins, seconds: float, workers: int):
+    """The least memory per device any plan needs (a LeastMemory, or None): variable
+    elimination's interval, narrowed by CP-SAT's memory model in the time left when open."""
+    from solver.sharding.exact import LeastMemory, min_memory
+    from solver.sharding.lagrange import least_memory_plan
+
+    t0 = time.perf_counter()
+    lean = least_memory_plan(planner, pins, seconds)
+    rest = seconds - (time.perf_counter() - t0)
+    if (lean is not None and lean.exact) or rest <= 0:
+        return lean
+    cp = min_memory(planner, pins, rest, workers)
+    if lean is None or cp.upper < lean.upper:
+        lean = LeastMemory(lean.lower if lean else 0.0, cp.upper, cp.strategies)
+    return LeastMemory(max(lean.lower, cp.lower), lean.upper, lean.strategies)
+
+
+def _refusal(
+    planner, pins, limit: float, seconds: float, workers: int, lean=None, time_limit=None
+) -> MtppError:
+    """The one-line refusal of a memory limit no plan is known to meet (proven when
+    ``time_limit`` is None), with the least memory any plan needs: exact when proven, else the
+    interval from what every plan needs to what the leanest plan found needs."""
+    if lean is None and seconds > 0:
+        lean = _least_memory(planner, pins, seconds, workers)
+    proven = time_limit is None or (lean is not None and lean.lower > limit)
+    least = ""
+    if lean is not None and lean.exact:
+        least = f"; the least memory any plan needs is {_fmt(lean.upper)}"
+    elif lean is not None:
+        if lean.lower > limit or not proven:
+            least = f"; every plan needs at least {_fmt_floor(lean.lower)}"
+        else:
+            least = f"; every plan needs more than {_fmt(limit)}"
+        if math.isfinite(lean.upper):
+            least += f" and a plan with {_fmt(lean.upper)} exists"
+    if proven:
+        return MtppError(
+            f"no sharding plan fits the memory limit of {_fmt(limit)} per device{least}; "
+            "raise --memory"
+        )
+    return MtppError(
+        f"no plan that fits {_fmt(limit)} per device found within the time limit "
+        f"({time_limit:g} s){least}; raise --time-limit or --memory"
+    )
+
+
+def _fmt_floor(nbytes: float) -> str:
+    """Bytes rounded down (a lower bound stays one)."""
+    return _fmt(float(math.floor(nbytes)))
