@@ -1,4 +1,15 @@
-"""Shared fixtures and hypothesis strategies: random small DAGs with every cost feature."""
+"""Shared fixtures and hypothesis strategies: random small DAGs with every cost feature.
+
+Hypothesis profiles (registered here):
+
+- ``ci``, the default of ``python -m pytest``: derandomized, so every run draws the same
+  examples and CI passes or fails for a reason, never by chance. Each property test runs
+  ``scaled_examples(n)`` examples, n in CI.
+- ``deep``, for searching (``python -m pytest tests/test_topology.py --hypothesis-profile
+  deep --hypothesis-show-statistics``): random, :data:`DEEP_FACTOR` times more examples
+  per property test (thousands for most). What it finds is fixed and kept as an explicit
+  ``@example`` on the property, so CI then checks it on every run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from solver import benchdata
@@ -18,6 +30,26 @@ SHARED = ROOT.parent / "shared"
 BENCH = SHARED / "benchmarks" / "dnn-partitioning" / "throughput-inputs"
 
 KNOWN_OPTIMA = benchdata.KNOWN_OPTIMA  # key -> (nodes, k, optimum): the package's table
+
+CI_EXAMPLES = 100  # the ci profile's max_examples (Hypothesis' default)
+DEEP_FACTOR = 20  # the deep profile runs this many times more examples per property test
+settings.register_profile(
+    "ci", max_examples=CI_EXAMPLES, derandomize=True, deadline=None, print_blob=True
+)
+settings.register_profile(
+    "deep", max_examples=DEEP_FACTOR * CI_EXAMPLES, deadline=None, print_blob=True
+)
+# pytest loads this file before Hypothesis' plugin applies --hypothesis-profile, so a profile
+# named on the command line wins; without one, ci
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("ci")
+
+
+def scaled_examples(ci_count: int) -> int:
+    """A property test's max_examples: ``ci_count`` under the ci profile, as many times more
+    under another as its max_examples is larger (deep: DEEP_FACTOR times). A test's own
+    ``@settings(max_examples=...)`` would otherwise override every profile."""
+    return max(1, round(ci_count * settings.default.max_examples / CI_EXAMPLES))
 
 
 def bench_path(key: str) -> Path:

@@ -24,7 +24,7 @@ from solver.cost import evaluate, lower_bound, validate
 from solver.exact.brute import brute_force
 from solver.graph import Graph
 
-from .conftest import KNOWN_OPTIMA, ROOT, bench_path, problems
+from .conftest import KNOWN_OPTIMA, ROOT, bench_path, problems, scaled_examples
 
 TOL = 1e-9
 
@@ -43,7 +43,7 @@ def _all_bounds(g, c):
     }
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_every_bound_is_below_the_brute_force_optimum(prob):
     g, c = prob
@@ -57,7 +57,7 @@ def test_every_bound_is_below_the_brute_force_optimum(prob):
         assert val <= truth.objective * (1 + TOL) + TOL, name
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_chain_io_bounds_are_below_the_brute_force_optimum(prob):
     g, c = prob
@@ -89,7 +89,7 @@ def test_gap_cut_charges_the_cheapest_cut_inside_a_layer():
     assert work_chain_bound(g, items(g), 2) == pytest.approx(8.0, rel=1e-6)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6))
 def test_certified_bound_is_the_largest_and_valid(prob):
     g, c = prob
@@ -305,7 +305,7 @@ def _check_dp_against_brute_force(g, c):
     assert (float(ev.bytes_in.sum()), ev.latency) == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_ideal_dp_equals_the_brute_force_optimum(prob):
     _check_dp_against_brute_force(*prob)
@@ -361,7 +361,7 @@ def decoders(draw):
     return g, c
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(200), suppress_health_check=[HealthCheck.too_slow])
 @given(decoders())
 def test_ideal_dp_equals_the_brute_force_optimum_on_decoder_chains(prob):
     g, c = prob
@@ -404,7 +404,7 @@ def test_ideal_dp_meets_the_known_optimum_of_bert_l12():
     assert res.lower <= opt and res.lower == pytest.approx(opt, rel=1e-8)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(60), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_bounds_with_an_incumbent_stay_below_the_optimum_and_stop_when_met(prob):
     """With a known plan's cost as the target, the report is still a proven bound (never above

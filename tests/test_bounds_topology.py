@@ -17,7 +17,7 @@ from solver.exact.brute import brute_force
 from solver.graph import Graph
 from solver.methods import certified_bound
 
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 TOL = 1e-9
 
@@ -49,7 +49,7 @@ def two_groups(rng: np.random.Generator, base: Cluster, devices: int) -> Cluster
     )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(80), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6), st.integers(2, 4), st.integers(0, 2**32 - 1))
 def test_group_chain_is_below_the_optimum_over_every_plan_and_placement(prob, devices, seed):
     g, base = prob
@@ -134,7 +134,7 @@ def residual_chains(draw):
     return Graph.build(names, work, size, edges, name="residual")
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(80), suppress_health_check=[HealthCheck.too_slow])
 @given(residual_chains(), st.integers(3, 4), st.integers(0, 2**32 - 1))
 def test_group_chain_on_residual_chains_is_below_the_optimum(g, devices, seed):
     base = Cluster("base", devices, slow_memory_bandwidth=1.0)

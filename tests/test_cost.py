@@ -12,7 +12,7 @@ from solver.errors import MtppError
 from solver.exact.brute import all_assignments, batch_costs
 from solver.graph import Graph
 
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 
 def diamond():
@@ -94,7 +94,7 @@ def test_lower_bound_is_average_and_single_node():
     assert lower_bound(g, Cluster("t", 8)) == pytest.approx(4.0)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=scaled_examples(150), deadline=None)
 @given(problems(max_nodes=6))
 def test_evaluator_matches_independent_batched_costs(prob):
     g, c = prob
@@ -106,7 +106,7 @@ def test_evaluator_matches_independent_batched_costs(prob):
         assert np.allclose(ev.params + ev.peak, mem[row])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=scaled_examples(100), deadline=None)
 @given(problems(max_nodes=6))
 def test_every_invalid_plan_is_rejected_with_a_reason(prob):
     g, c = prob

@@ -23,10 +23,10 @@ from solver.io import load_graph, resolve_cluster
 from solver.methods import SolveOptions, quick_assignment, solve
 from solver.plan import OPTIMAL
 
-from .conftest import KNOWN_OPTIMA, bench_path, problems
+from .conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(120), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6))
 def test_brute_force_is_below_every_valid_plan(prob):
     g, c = prob
@@ -43,7 +43,7 @@ def test_brute_force_is_below_every_valid_plan(prob):
         assert best.objective <= evaluate(g, c, A[row]).objective + 1e-12
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_cpsat_equals_brute_force(prob):
     g, c = prob
@@ -87,7 +87,7 @@ def test_regression_large_coefficients_do_not_fake_optimality():
     assert plan.stats["raw_lower_bound"] <= truth.objective
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_universal_lower_bound_never_exceeds_the_optimum(prob):
     g, c = prob

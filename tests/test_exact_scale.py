@@ -24,7 +24,7 @@ from solver.methods import SolveOptions, quick_assignment, solve
 from solver.plan import OPTIMAL
 
 from .badinput import assert_refused
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 
 def _valid_plans(g: Graph, c: Cluster) -> list[np.ndarray]:
@@ -49,7 +49,7 @@ def _layered(n_layers: int = 6, seed: int = 0) -> tuple[Graph, Cluster]:
     return g, Cluster("toy", 3, fast_memory=12.0, link_bandwidth=2.0, slow_memory_bandwidth=8.0)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6))
 def test_narrowed_domains_keep_every_plan_no_worse_than_the_hint(prob):
     """The proof of _blocks_needed, checked: every plan whose integer cost is at most the
@@ -159,7 +159,7 @@ def test_tie_break_lowers_latency_at_equal_transfer():
     assert plan.evaluation.latency == pytest.approx(lat, rel=1e-12)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(60), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6))
 def test_tie_break_equals_brute_force(prob):
     """CP-SAT with the tie-break: the optimum of brute force, and among the plans with that
@@ -179,7 +179,7 @@ def test_tie_break_equals_brute_force(prob):
     assert float(plan.evaluation.bytes_in.sum()) == pytest.approx(least, abs=1e-9)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=6))
 def test_tie_break_from_the_worst_optimal_cut_reaches_the_least(prob):
     """Start the tie-break from the optimal plan that sends the MOST bytes (brute force): it

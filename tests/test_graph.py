@@ -10,7 +10,7 @@ from solver.exact.brute import all_assignments
 from solver.graph import Graph, coarse_view, contract, induced_subgraph
 from solver.io import native
 
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 
 def chain(n=4):
@@ -89,7 +89,7 @@ def test_colocation_merges_cycles_it_creates():
     assert cg.n == 1 and len(set(labels.tolist())) == 1
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=scaled_examples(80), deadline=None)
 @given(problems(max_nodes=6))
 def test_contraction_is_exact(prob):
     g, c = prob
@@ -104,7 +104,7 @@ def test_contraction_is_exact(prob):
     assert np.allclose(evaluate(ident, c, a).f, evaluate(g, c, a).f)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=scaled_examples(50), deadline=None)
 @given(problems(max_nodes=6))
 def test_native_json_round_trip(prob):
     g, c = prob

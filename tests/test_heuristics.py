@@ -18,7 +18,7 @@ from solver.io import load_graph, resolve_cluster
 from solver.methods import SolveOptions, solve
 from solver.plan import OPTIMAL
 
-from .conftest import KNOWN_OPTIMA, bench_path, problems
+from .conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
 
 def all_slicings(n, k):
@@ -31,7 +31,7 @@ def all_slicings(n, k):
             yield seg
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=scaled_examples(150), deadline=None)
 @given(problems(max_nodes=7), st.integers(0, 2**16))
 def test_slice_order_is_optimal_for_its_order(prob, seed):
     g, c = prob

@@ -26,7 +26,7 @@ from solver.heuristics.poprt import (
     poprt,
 )
 
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 
 def three_branches(bytes_=(1, 1, 1, 1, 1, 1, 1, 1, 1), flops=None):
@@ -158,7 +158,7 @@ def test_manual_errors():
         parse_sharding([{"node": "Op1", "device": 0, "devise": 1}])
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(100), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7, features=False), st.integers(0, 2**16))
 def test_sharding_yaml_round_trip(prob, seed):
     g, c = prob
@@ -176,7 +176,7 @@ def test_ideals_of_a_diamond():
         enumerate_ideals(g, 5)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7))
 def test_ideal_dp_equals_brute_force(prob):
     g, c = prob

@@ -14,6 +14,8 @@ from solver.sharding.collectives import apply, assemble, scatter
 from solver.sharding.mesh import Layout, Mesh
 from solver.sharding.redistribute import gather_then_slice_cost, local_bytes, plan_redistribution
 
+from .conftest import scaled_examples
+
 
 def _factorizations(n: int) -> list[tuple[int, ...]]:
     if n == 1:
@@ -73,7 +75,7 @@ def _moves_data(src: Layout, dst: Layout) -> bool:
     return False
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(layout_pairs(), st.integers(0, 2**31))
 def test_redistribution_is_exact_free_iff_no_data_moves_and_bounded(pair, seed):
     src, dst = pair

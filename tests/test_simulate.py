@@ -14,7 +14,7 @@ from solver.exact.brute import all_assignments
 from solver.graph import Graph
 from solver.simulate import MAX_EVENTS, draw_gantt, simulate
 
-from .conftest import problems
+from .conftest import problems, scaled_examples
 
 
 def plan_of(prob, seed):
@@ -23,7 +23,7 @@ def plan_of(prob, seed):
     return plans[np.random.default_rng(seed).integers(len(plans))]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7), st.integers(0, 2**16))
 def test_period_equals_objective_and_modes_are_ordered(prob, seed):
     g, c = prob

@@ -32,6 +32,8 @@ from solver.plan import (
 )
 from solver.simulate import simulate
 
+from .conftest import scaled_examples
+
 CP = CpsatOptions(time_limit=20.0, workers=2, tie_break=False)
 
 
@@ -88,7 +90,7 @@ def brute_over_placements(g: Graph, c: Cluster) -> float:
 # -- the placement of given blocks -----------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1), st.integers(3, 4))
 def test_best_placement_is_the_best_permutation(seed, devices):
     rng = np.random.default_rng(seed)
@@ -176,7 +178,7 @@ def test_exact_plan_puts_the_heavier_stages_on_the_big_devices():
 # -- CP-SAT with placement equals brute force over plans x placements ------------------------
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(15), suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1))
 def test_cpsat_with_placement_equals_brute_force(seed):
     rng = np.random.default_rng(seed)
@@ -367,7 +369,7 @@ def best_slicing_by_brute_force(g: Graph, c: Cluster, order: np.ndarray, seq) ->
     return best
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1))
 def test_slicing_on_a_device_sequence_is_exact_against_brute_force(seed):
     from solver.heuristics.orders import priority_order
