@@ -200,3 +200,48 @@ def test_load_model_and_solve_refuse_the_same_broken_model(tmp_path):
             read(path)
         messages.append(str(info.value))
     assert messages[0] == messages[1]
+
+
+def int8_matmul() -> onnx.ModelProto:
+    """``x @ W`` as onnxruntime's dynamic quantization writes it: x quantized at run time
+    (DynamicQuantizeLinear), an int8 weight with its scale and zero point, MatMulInteger,
+    Cast back to float and one Mul by the product of the scales; then a Relu."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-127, 128, (16, 8)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(w, "w_quantized"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "w_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "w_zero_point"),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zp"], name="quantize"),
+        n("Mul", ["x_scale", "w_scale"], ["scales"], name="scales"),
+        n("MatMulInteger", ["xq", "w_quantized", "x_zp", "w_zero_point"], ["acc"], name="mm"),
+        n("Cast", ["acc"], ["acc_f"], name="cast", to=F),
+        n("Mul", ["acc_f", "scales"], ["h"], name="rescale"),
+        n("Relu", ["h"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8",
+        [helper.make_tensor_value_info("x", F, [4, 16])],
+        [helper.make_tensor_value_info("y", F, [4, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("method", ["dp", "megatron", "propagate"])
+def test_integer_operators_without_a_rule_run_replicated(tmp_path, capsys, method):
+    path = tmp_path / "int8.onnx"
+    onnx.save(int8_matmul(), path)
+    assert main(["shard", str(path), "-k", "2", "--method", method, "--verify", "--json"]) == 0
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)
+    assert plan["verify"]["ok"]
+    assert plan["replicated_op_types"] == ["DynamicQuantizeLinear", "MatMulInteger"]
+    assert plan["strategies"]["mm"] == [[1, 1], [1, 1], [], []]
+    assert "no sharding rule for DynamicQuantizeLinear, MatMulInteger; they run replicated" in (
+        captured.err
+    )
