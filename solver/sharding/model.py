@@ -83,7 +83,7 @@ def load_model(path: str | Path, dims: dict[str, int] | None = None) -> ShardMod
         raise MtppError(f"{path}: no such ONNX file")
     model = load_proto(path)
     _load_present_external(model, path.parent)
-    return from_proto(model, dims or {}, str(path))
+    return from_proto(model, dims or {}, str(path), folder=path.parent)
 
 
 @dataclass(frozen=True)
@@ -110,18 +110,19 @@ def _load_present_external(model, base: Path) -> None:
             del t.external_data[:]
 
 
-def from_proto(model, dims: dict[str, int], where: str = "model") -> ShardModel:
+def from_proto(model, dims: dict[str, int], where: str = "model", folder=None) -> ShardModel:
     """The planner's view of ``model`` (left unchanged): the front end's static model
     (:func:`solver.io.onnx_shapes.static_model`), its static nodes folded into constants, every
     other node an :class:`Op`. Weights whose external bytes are absent are planned from their
-    shape (:class:`Unloaded`)."""
+    shape (:class:`Unloaded`); other external data, if a run needs it, is read from
+    ``folder``."""
     import onnx
 
     source = model
     model = onnx.ModelProto.FromString(model.SerializeToString())
     attributes_to_metadata(model)  # before the checker, which refuses unknown attributes
     unloaded = _absent_weights_as_inputs(model)
-    static = static_model(model, dims, where=where)
+    static = static_model(model, dims, where=where, folder=folder)
     if static.note:
         warnings.warn(static.note, stacklevel=2)
     g = static.model.graph
