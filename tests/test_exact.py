@@ -224,3 +224,33 @@ def test_cpsat_stops_on_a_placed_incumbent_too():
     assert plan.stats["stopped"] == STOPPED_INCUMBENT
     ev = evaluate(g, c, plan.assignment, placement=plan.placement)
     assert ev.objective == plan.objective <= best.objective * (1 + 1e-6)
+
+
+def test_small_graph_with_an_open_gap_is_proven_by_the_ideal_dp_without_search():
+    """BERT-3 at k = 8: the cheap bounds stop at 20.6 while the optimum (a block no extra device
+    can split) is 27.92; the exact DP over the separator chain proves the warm start optimal,
+    so no CP-SAT model is searched, and the plan carries the DP's exact tie-break."""
+    key = "OperatorGraphs/bert_l-3_inference"
+    g = load_graph(bench_path(key))
+    c = resolve_cluster(g, devices=8)
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=60))
+    assert plan.status == OPTIMAL
+    assert plan.objective == pytest.approx(KNOWN_OPTIMA[key][2], rel=1e-9)
+    assert plan.stats["bound"]["binding"] == "ideals"
+    assert "no CP-SAT search needed" in plan.stats["proof"]
+    assert "exact DP" in plan.stats["tie_break"]["summary"]
+    assert plan.lower_bound <= plan.objective
+
+
+def test_warm_start_meeting_the_cheap_bounds_skips_the_costly_ones():
+    """BERT-24 (layers) at k = 8: the work io chain meets the warm start; the packings, whose
+    CP-SAT probes took 2 s there, are listed as not needed and never run."""
+    g = load_graph(bench_path("LayerGraphs/bert24_inference"))
+    c = resolve_cluster(g, devices=8)
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=60))
+    cert = plan.stats["bound"]["certified"]
+    assert plan.status == OPTIMAL and plan.stats["stopped"].startswith("the warm start met")
+    assert cert["binding"] == "work io chain"
+    for name in ("decision", "work packing", "weights"):
+        assert name not in cert["bounds"] and cert["skipped"][name].startswith("not needed")
+    assert plan.objective <= cert["value"] * (1 + 1e-6)

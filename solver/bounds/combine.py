@@ -18,6 +18,7 @@ from solver.plan import OPTIMALITY_TOL
 # share of the time limit each CP-SAT packing bound may spend; the chains without io are
 # instant and the chains with io take the rest
 SHARES = {"weights": 0.1, "decision": 0.15, "work packing": 0.1}
+IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with a target)
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
 IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last)
 IDEALS_MIN_NODES = 300  # ... on graphs of at least this many coarse nodes (smaller ones are
@@ -101,7 +102,7 @@ class _BoundRun:
         )
 
 
-ORDER = ("chain io", "work io chain", "ideals", "weights", "decision", "work packing")
+ORDER = ("chain io", "work io chain", "ideals", "weights", "decision", "work packing")  # skipped
 
 
 def certified_lower_bound(
@@ -133,11 +134,14 @@ def certified_lower_bound(
     run.vals["chain"] = chain_bound(g, it, cluster, k)
     run.vals["work chain"] = work_chain_bound(g, it, k)
     # the DP goes first with most of the time when there is enough of it (it is the only bound
-    # that can be exact); with a short budget (evaluate's) the relaxations go first
+    # that can be exact); with a short budget (evaluate's) the relaxations go first. With an
+    # incumbent the io chains go before it: they are cheap and often meet it
     first = ideals and time_limit >= IDEALS_MIN_SECONDS
+    early_io = target is not None
     for stage in (
+        lambda: early_io and _io_chains(run, g, it, cluster, k, first),
         lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit),
-        lambda: _io_chains(run, g, it, cluster, k),
+        lambda: not early_io and _io_chains(run, g, it, cluster, k),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
     ):
@@ -165,20 +169,26 @@ def _ideals(run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float):
     return None
 
 
-def _io_chains(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
+def _io_chains(
+    run: _BoundRun, g: Graph, it, cluster: Cluster, k: int, dp_next: bool = False
+) -> None:
     """The io chains refine the io-free chains (valid starting points); they share what is
     left (with memory only when memory binds at all: otherwise the work chain is the one to
-    refine). Both are fast: a greedy bin count per probe."""
+    refine). Both are fast: a greedy bin count per probe. ``dp_next``: the DP over the ideals
+    follows with most of the time, so each gets at most IO_CHAIN_SHARE of it."""
     chain, target = run.vals["chain"], run.target
+
+    def seconds() -> float:
+        left = run.left() / 2
+        return min(left, IO_CHAIN_SHARE * run.time_limit) if dp_next else left
+
     run.vals["chain io"] = (
-        chain_io_bound(g, it, cluster, k, chain, run.left() / 2, target=target)
-        if chain > 0
-        else 0.0
+        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target) if chain > 0 else 0.0
     )
     if run.met():
         return
     run.vals["work io chain"] = chain_io_bound(
-        g, it, cluster, k, run.vals["work chain"], run.left() / 2, False, target=target
+        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target
     )
 
 
