@@ -620,3 +620,26 @@ def test_strategy_text_round_trips(strategy):
     from solver.sharding.program import fmt_strategy
 
     assert parse_strategy(fmt_strategy(strategy), "test") == strategy
+
+
+def test_cli_states_the_smallest_memory_a_plan_needs(tmp_path, capsys):
+    """`mtpp shard --method cpsat --memory` below what any plan needs: exit 2, one line naming
+    the least memory per device any plan needs; that much memory is then accepted and the plan
+    printed needs exactly it."""
+    import re
+
+    onnx.save(examples.transformer(layers=1, batch=2, seq=16, hidden=32, heads=4, vocab=64),
+              tmp_path / "t.onnx")  # fmt: skip
+    argv = ["shard", tmp_path / "t.onnx", "-k", "4", "--method", "cpsat", "--time-limit", "20"]
+    argv.append("--json")  # no progress lines: the refusal is the one line on stderr
+    line = assert_refused(
+        capsys,
+        [*argv, "--memory", "2KiB"],
+        r"^mtpp: error: no sharding plan fits the memory limit of 2 KiB \(2048 bytes\) per device; "
+        r"the least memory any plan needs is [\d.]+ KiB \((\d+) bytes\); raise --memory$",
+        watch=tmp_path,
+    )
+    least = int(re.search(r"needs is .*\((\d+) bytes\)", line).group(1))
+    assert main([str(a) for a in [*argv, "--memory", str(least)]]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_memory_per_device"] == least

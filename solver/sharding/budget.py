@@ -337,20 +337,22 @@ def budget_bound(
         return None
     unary = [np.floor(b - b.min()).astype(np.int64) for b in mem.unary.values()]
     pairs = {k: np.floor(m - m.min()).astype(np.int64) for k, m in mem.pairs.items()}
-    out = _solve_levels(prob, unary, pairs, budget, deadline, memo)
+    out = _solve_levels(prob, unary, pairs, budget, limit, deadline, memo)
     if out is not None:
         out.step = mem.step
     return out
 
 
 def _solve_levels(
-    prob, unary: list, pairs: dict, budget: float, deadline: float, memo: dict | None = None
+    prob, unary: list, pairs: dict, budget: float, limit: float, deadline: float, memo=None
 ) -> BudgetBound | None:
     """solve_budget with the excess bytes ``unary`` (per operator) and ``pairs`` rounded down
     to the first unit of :func:`budget_units` whose tables are not too wide, within ``budget``
-    bytes; None past the deadline or without a unit."""
+    bytes (a unit dropping more than BUDGET_LOSS of it only if it drops at most BUDGET_LOSS of
+    the ``limit``); None past the deadline or without a unit."""
     excess = unary + [m.ravel() for m in pairs.values()]
-    for unit in budget_units(excess, budget, BUDGET_LEVELS, BUDGET_LOSS * budget):
+    most = BUDGET_LOSS * budget
+    for unit in budget_units(excess, budget, BUDGET_LEVELS, most, BUDGET_LOSS * limit):
         cap = int(math.floor(budget / unit))
         if cap * unit > budget:  # float division rounded up
             cap -= 1
@@ -495,12 +497,15 @@ def combine(mems: list[StepMemory], scale: float = 1.0) -> StepMemory:
     return StepMemory(-1, unary, pairs, scale * sum(m.const for m in mems))
 
 
-def budget_units(excess: list[np.ndarray], budget: float, levels: int, most: float) -> list[int]:
+def budget_units(
+    excess: list[np.ndarray], budget: float, levels: int, most: float, fallback: float = 0.0
+) -> list[int]:
     """Units of bytes to round the excess weights down to, the one to try first first: of the
     units of at least ``budget / levels`` bytes, the largest that drops at most twice the fewest
     bytes any of them drops (fewer units, a faster bound), then the larger ones that drop at
     most ``most`` bytes; when none drops that little, the one dropping least among those that
-    cut the budget into at most BUDGET_FEW units (a weaker bound, but a cheap one). Candidates
+    cut the budget into at most BUDGET_FEW units, if it drops at most ``fallback`` bytes (a
+    weaker bound, but a cheap one). Candidates
     are the excess sizes and their halves, quarters and eighths (a transformer's weight shards
     are multiples of one size, which then drops nothing from them) and the least power of two."""
     least = max(1, math.ceil(budget / levels))
@@ -520,7 +525,11 @@ def budget_units(excess: list[np.ndarray], budget: float, levels: int, most: flo
     if fewest <= most or coarser:
         return ([first] if fewest <= most else []) + coarser[::-1]
     # none loses little enough: a weaker bound, only where it is cheap (few levels)
-    cheap = [(x, -u) for u, x in zip(units, losses, strict=True) if budget / u <= BUDGET_FEW]
+    cheap = [
+        (x, -u)
+        for u, x in zip(units, losses, strict=True)
+        if budget / u <= BUDGET_FEW and x <= fallback
+    ]
     return [-min(cheap)[1]] if cheap else []
 
 
@@ -634,7 +643,7 @@ def peak_bound(
         return None
     excess = [np.floor(w - w.min()).astype(np.int64) for w in prob.wbytes]
     memo = {} if memo is None else memo
-    weights = _solve_levels(prob, excess, {}, room, deadline, memo)
+    weights = _solve_levels(prob, excess, {}, room, limit, deadline, memo)
     if weights is None:
         return None
     unit, top, levels = weights.unit, weights.cap, weights.levels
