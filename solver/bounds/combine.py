@@ -120,14 +120,17 @@ def certified_lower_bound(
 
     Cheapest first: the universal bound and the chains (milliseconds), the chains with io,
     then the CP-SAT packings, each searched only above the best bound so far. ``target``, the
-    objective of a known plan (the incumbent): the bounds stop as soon as the best one meets
-    it (the rest are listed in ``skipped``), and the packings search no higher than it."""
+    objective of a known valid plan (the incumbent; it fits the capacity, so the capacity
+    check is skipped): the bounds stop as soon as the best one meets it (the rest are listed
+    in ``skipped``), and the packings search no higher than it."""
     from solver.cost import lower_bound
 
     t0 = time.perf_counter()
     k = cluster.devices if k is None else int(k)
     it = items(g)
-    if capacity_infeasible(it, cluster, k, min(1.0, 0.1 * time_limit)):
+    # a finite target is the cost of a plan that fits: no proof of infeasibility can exist
+    known_plan = target is not None and math.isfinite(target)
+    if not known_plan and capacity_infeasible(it, cluster, k, min(1.0, 0.1 * time_limit)):
         return BoundReport(math.inf, "capacity", {"capacity": math.inf}, time.perf_counter() - t0)
     run = _BoundRun(t0, time_limit, target)
     run.vals["universal"] = float(lower_bound(g, cluster, k))
