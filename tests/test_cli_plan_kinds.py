@@ -211,6 +211,8 @@ def test_manual_sharding_under_any_name(plans, tmp_path, capsys):
         ('{"nodes": []}', r"not a plan; expected a plan: a JSON with \"format\": \"mtpp-plan\""),
         ("just: words\n", r"not a plan; expected .* or a manual-sharding YAML"),
         ("{", r"not valid JSON"),
+        ("- {node: nope, device: 0}\n", r"thing.plan: no node named 'nope' in graph 't'$"),
+        ("- {device: 0}\n", r"thing.plan: entry 0 needs 'node' and 'device'"),
     ],
 )
 def test_a_file_that_is_no_plan_is_refused_naming_what_is_expected(

@@ -65,9 +65,11 @@ def read_plan_file(path: str) -> PlanFile:
 
 
 def _is_sharding(data: object) -> bool:
+    """A list (of sharding points), or a mapping holding one under ``sharding:``; the points
+    themselves are checked by :func:`solver.io.sharding_yaml.parse_sharding`."""
     if isinstance(data, dict) and "format" not in data and "sharding" in data:
         data = data["sharding"]
-    return isinstance(data, list) and all(isinstance(x, dict) and "node" in x for x in data)
+    return isinstance(data, list)
 
 
 def plan_kind(data: object, path: str) -> str:
@@ -79,7 +81,7 @@ def plan_kind(data: object, path: str) -> str:
         return JOINT
     if fmt is not None:
         raise MtppError(f"{path}: a {shown(fmt)} file is not a plan; {EXPECTED}")
-    if not _is_sharding(data) or not data:
+    if not _is_sharding(data):
         raise MtppError(f"{path}: not a plan; {EXPECTED}")
     return MANUAL
 
@@ -220,8 +222,7 @@ def load_pipeline_plan(args: argparse.Namespace, plan: PlanFile) -> PipelineInpu
         check_cluster_agrees(given, recorded, args, plan)
     g, cluster = load_graph_and_cluster(args, default=recorded)
     if plan.kind == MANUAL:
-        a, stages = manual_assignment(g, parse_sharding(plan.data, plan.path))
-        data = {"method": "manual", "stages": stages}
+        a, data = manual_plan_assignment(g, plan)
     else:
         a, data = plan_assignment_from_data(g, plan.data, plan.path)
     if int(a.max()) + 1 > cluster.devices:
@@ -231,6 +232,16 @@ def load_pipeline_plan(args: argparse.Namespace, plan: PlanFile) -> PipelineInpu
         )
     placement = read_plan_placement(data, plan.path, cluster)
     return PipelineInputs(g, cluster, recorded, a, data, placement)
+
+
+def manual_plan_assignment(g: Graph, plan: PlanFile) -> tuple[np.ndarray, dict]:
+    """The blocks a manual sharding gives, and a plan-like record of it (its stages)."""
+    try:
+        a, stages = manual_assignment(g, parse_sharding(plan.data, plan.path))
+    except MtppError as e:  # an unknown node: name the file that holds it
+        text = str(e)
+        raise MtppError(text if text.startswith(plan.path) else f"{plan.path}: {text}") from None
+    return a, {"method": "manual", "stages": stages}
 
 
 # ---------------------------------------------------------------------- joint plans
