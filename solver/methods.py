@@ -491,59 +491,72 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     """Exact CP-SAT model, warm-started by the quick heuristics and the exact DP over the
     separator chain (:mod:`solver.heuristics.warmstart`), whose proven optimum needs no search.
     With ``opts.certified_bound`` the search is skipped or stopped once a plan meets it."""
-    from solver.exact.cpsat import CpsatOptions, meets_bound, solve_cpsat
-    from solver.heuristics.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
+    from solver.heuristics.warmstart import chain_warm_start, proven_plan, skips_search
     from solver.progress import SolveProgress
 
     t0 = time.perf_counter()
     with SolveProgress(enabled=opts.progress, title=f"cpsat {g.name}") as prog:
-        warm_deadline = t0 + WARM_START_SHARE * opts.time_limit
         # the exact DP over the separator chain (cached from the bound stage) first: when it
         # proves its plan optimal, no search can improve it
-        dp = chain_warm_start(g, cluster, warm_deadline)
+        dp = chain_warm_start(g, cluster, t0 + WARM_START_SHARE * opts.time_limit)
         if skips_search(dp):
             tie = bool(opts.extra.get("tie_break", True))
             plan = proven_plan(g, cluster, dp, "cpsat", t0, tie)
             prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
             return plan
-        prog.note("warm start (slicing topological orders)")
-        if opts.incumbent is not None:  # solve found it before the bounds
-            best, hint = opts.incumbent.objective, opts.incumbent.assignment
-        else:
-            best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
-        dp_best, dp_hint = hint_of(dp, g)
-        if dp_best < best:
-            best, hint = dp_best, dp_hint
-        cg, labels = coarse_view(g)
-        met = meets_bound(best, opts.certified_bound)  # no SliceGraph search can beat it
-        if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline and not met:
-            # on large graphs CP-SAT improves a hint slowly: spend the rest of the warm-start
-            # share on the SliceGraph search first and start from the better plan
-            from solver.heuristics.brkga import BrkgaOptions, brkga
-            from solver.heuristics.orders import depth_first_order
+        return _search_cpsat(g, cluster, opts, dp, prog, t0)
 
-            left = warm_deadline - time.perf_counter()
-            bo = BrkgaOptions(seed=opts.seed, time_limit=left)
-            val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
-            if ca is not None and val < best:
-                best, hint = val, ca[labels]
-        heur_s = time.perf_counter() - t0
-        if math.isfinite(best):
-            prog.update(best, lower_bound(g, cluster), heur_s)
-        co = CpsatOptions(
-            time_limit=max(0.05, opts.time_limit - heur_s),
-            workers=opts.workers,
-            seed=opts.seed,
-            gap=opts.gap,
-            on_progress=prog.update if opts.progress else None,
-            params=dict(opts.extra.get("cpsat_params", {})),
-            tie_break=bool(opts.extra.get("tie_break", True)),
-            tie_break_seconds=opts.extra.get("tie_break_seconds"),
-            spent_before=opts.spent_before + heur_s,
-            stop_at=opts.certified_bound,
-        )
-        prog.note("building the CP-SAT model")
-        plan = solve_cpsat(g, cluster, hint, co)
+
+def _search_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions, dp, prog, t0: float):
+    """The CP-SAT search from the best warm start (solve's incumbent or the quick heuristics,
+    the DP's plan, and SliceGraph first on large graphs), stopped at the certified bound."""
+    # imported here: OR-Tools' cp_model pulls in pandas (about a second of start-up), which
+    # a solve proven by the DP never needs; loading modules is start-up, not solve time (as
+    # before the DP check, and as the command line's own imports)
+    loading = time.perf_counter()
+    from solver.exact.cpsat import CpsatOptions, meets_bound, solve_cpsat
+    from solver.heuristics.warmstart import hint_of
+
+    t0 += time.perf_counter() - loading
+    warm_deadline = t0 + WARM_START_SHARE * opts.time_limit
+    prog.note("warm start (slicing topological orders)")
+    if opts.incumbent is not None:  # solve found it before the bounds
+        best, hint = opts.incumbent.objective, opts.incumbent.assignment
+    else:
+        best, hint = quick_assignment(g, cluster, deadline=warm_deadline)
+    dp_best, dp_hint = hint_of(dp, g)
+    if dp_best < best:
+        best, hint = dp_best, dp_hint
+    cg, labels = coarse_view(g)
+    met = meets_bound(best, opts.certified_bound)  # no SliceGraph search can beat it
+    if cg.n > LARGE_GRAPH and time.perf_counter() < warm_deadline and not met:
+        # on large graphs CP-SAT improves a hint slowly: spend the rest of the warm-start
+        # share on the SliceGraph search first and start from the better plan
+        from solver.heuristics.brkga import BrkgaOptions, brkga
+        from solver.heuristics.orders import depth_first_order
+
+        left = warm_deadline - time.perf_counter()
+        bo = BrkgaOptions(seed=opts.seed, time_limit=left)
+        val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
+        if ca is not None and val < best:
+            best, hint = val, ca[labels]
+    heur_s = time.perf_counter() - t0
+    if math.isfinite(best):
+        prog.update(best, lower_bound(g, cluster), heur_s)
+    co = CpsatOptions(
+        time_limit=max(0.05, opts.time_limit - heur_s),
+        workers=opts.workers,
+        seed=opts.seed,
+        gap=opts.gap,
+        on_progress=prog.update if opts.progress else None,
+        params=dict(opts.extra.get("cpsat_params", {})),
+        tie_break=bool(opts.extra.get("tie_break", True)),
+        tie_break_seconds=opts.extra.get("tie_break_seconds"),
+        spent_before=opts.spent_before + heur_s,
+        stop_at=opts.certified_bound,
+    )
+    prog.note("building the CP-SAT model")
+    plan = solve_cpsat(g, cluster, hint, co)
     if plan is not None:
         plan.wall_seconds = time.perf_counter() - t0
         plan.stats["warm_start_seconds"] = round(heur_s, 3)
