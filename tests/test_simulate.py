@@ -38,6 +38,23 @@ def test_period_equals_objective_and_modes_are_ordered(prob, seed):
     assert seq.period == pytest.approx(evaluate(g, c, a).f.sum(), rel=1e-9, abs=1e-12)
 
 
+def test_period_is_the_bottleneck_for_any_number_of_requests():
+    """a -> b on blocks 0 and 1 (f = 4 + 2 sent, and 2 received + 3), c alone on block 2
+    (f = 6.1). Request r leaves block 1 at 6 (r + 1) + 0.25 + 5 and block 2 at 6.1 (r + 1):
+    block 1 finishes last for 52 requests, and the gaps between requests leaving the
+    pipeline (6) are not the period (6.1)."""
+    g = Graph.build(["a", "b", "c"], [4.0, 3.0, 6.1], [2.0, 0.0, 0.0], [(0, 1)])
+    c = Cluster("flat", 3, link_bandwidth=1.0, link_latency=0.25)
+    assert evaluate(g, c, [0, 1, 2]).f.tolist() == pytest.approx([6.0, 5.0, 6.1], rel=1e-12)
+    for requests in (3, 40, 200):
+        for overlap in (False, True):
+            sim = simulate(g, c, [0, 1, 2], requests=requests, overlap=overlap)
+            assert sim.period == pytest.approx(6.1, rel=1e-12), (requests, overlap)
+    sim = simulate(g, c, [0, 1, 2], requests=40)
+    assert sim.makespan == pytest.approx(40 * 6 + 5.25, rel=1e-12)  # block 1 is last
+    assert simulate(g, c, [0, 1, 2], requests=2).period == pytest.approx(2 * 6 + 5.25)
+
+
 def test_hand_example_latency_memory_and_gantt(tmp_path):
     # a -> b -> c on three devices, 2 s of work each, 4-byte tensors at 2 B/s
     g = Graph.build(
