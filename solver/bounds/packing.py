@@ -26,6 +26,7 @@ import numpy as np
 UNITS = 2**20  # capacity in integer units: rounding loses < (items per bin) / 2^20 of a bin
 MAX_TYPES = 40  # coarser type grouping (still rounding down) above this many distinct types
 FLUID = 1e-3  # items below this fraction of the capacity (size and act) are fluid
+LO_PROBE_SECONDS = 0.1  # smallest_capacity's probe just above a proven bound (probe_lo)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ def cannot_pack(
     return _cpsat_infeasible(p, k, time_limit, workers)
 
 
+def import_cpsat() -> None:
+    """Load OR-Tools' CP-SAT now (a caller that times its own work loads it first)."""
+    # imported here: OR-Tools' cp_model pulls in pandas (about a second of start-up), and
+    # most bound runs stop before any packing needs CP-SAT
+    import ortools.sat.python.cp_model  # noqa: F401
+
+
 def _cpsat_infeasible(p: Packing, k: int, time_limit: float, workers: int) -> bool:
     """CP-SAT on counts n[b, t]: per bin load + max act of present types <= cap; the free
     space of all bins holds the fluid volume (one unit of slack per bin for its rounding)."""
@@ -161,7 +169,8 @@ def smallest_capacity(
         return hi
     if probe_lo:
         just_above = lo * (1 + rel_tol) if lo > 0 else rel_tol * hi
-        if just_above >= hi or not cannot_pack(size, act, just_above, k, time_limit / 4):
+        probe = min(time_limit / 4, LO_PROBE_SECONDS)
+        if just_above >= hi or not cannot_pack(size, act, just_above, k, probe):
             return lo
         best = just_above
     while hi - best > rel_tol * max(hi, 1e-300):
