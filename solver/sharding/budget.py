@@ -503,9 +503,9 @@ def budget_units(
     """Units of bytes to round the excess weights down to, the one to try first first: of the
     units of at least ``budget / levels`` bytes, the largest that drops at most twice the fewest
     bytes any of them drops (fewer units, a faster bound), then the larger ones that drop at
-    most ``most`` bytes; when none drops that little, the one dropping least among those that
-    cut the budget into at most BUDGET_FEW units, if it drops at most ``fallback`` bytes (a
-    weaker bound, but a cheap one). Candidates
+    most ``most`` bytes; last, those that cut the budget into at most BUDGET_FEW units and drop
+    at most ``fallback`` bytes, the fewest dropped first (a weaker bound, but a cheap one, for
+    when none drops little enough or their tables are too wide). Candidates
     are the excess sizes and their halves, quarters and eighths (a transformer's weight shards
     are multiples of one size, which then drops nothing from them) and the least power of two."""
     least = max(1, math.ceil(budget / levels))
@@ -522,15 +522,16 @@ def budget_units(
     fewest = min(losses)
     first = next(u for u, x in zip(units, losses, strict=True) if x <= 2 * fewest)
     coarser = [u for u, x in zip(units, losses, strict=True) if u > first and x <= most]
-    if fewest <= most or coarser:
-        return ([first] if fewest <= most else []) + coarser[::-1]
-    # none loses little enough: a weaker bound, only where it is cheap (few levels)
+    out = ([first] if fewest <= most else []) + coarser[::-1]
+    # last (none loses little enough, or their tables are too wide): a weaker bound, only
+    # where it is cheap (few levels)
     cheap = [
         (x, -u)
         for u, x in zip(units, losses, strict=True)
         if budget / u <= BUDGET_FEW and x <= fallback
     ]
-    return [-min(cheap)[1]] if cheap else []
+    out += [-u for _, u in sorted(cheap) if -u not in out]  # the next when too wide
+    return out
 
 
 @dataclass
@@ -654,7 +655,7 @@ def peak_bound(
     for k, c in enumerate(caps):
         if g[c] >= min(best, upper):  # every cap left: its least time is at least g[c]
             return PeakBound(min(best, float(g[c])), unit, k, True)
-        pruned = _pruned(prob, needs, limit - wmin - c * unit)
+        pruned = within_peak(prob, needs, limit - wmin - c * unit)
         t = None
         if time.perf_counter() < deadline:
             with contextlib.suppress(TooWide):
@@ -680,7 +681,7 @@ def _peak_caps(needs: ActivationNeeds, room: float, unit: int, top: int) -> list
     return sorted(set(values), reverse=True)
 
 
-def _pruned(prob, needs: ActivationNeeds, peak: float) -> TimeTables:
+def within_peak(prob, needs: ActivationNeeds, peak: float) -> TimeTables:
     """``prob``'s time tables with every choice and pair that needs a peak above ``peak``
     forbidden (infinite time)."""
     unary = list(prob.unary)

@@ -22,6 +22,7 @@ its minimiser, when it fits, is the optimum (docs/sharding.md, "The exact optimi
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import time
@@ -31,6 +32,7 @@ import numpy as np
 
 from solver.plan import OPTIMALITY_TOL
 from solver.sharding.budget import (
+    TimeTables,
     activation_needs,
     budget_bound,
     combine,
@@ -39,6 +41,7 @@ from solver.sharding.budget import (
     peak_bound,
     step_bytes,
     step_memory,
+    within_peak,
 )
 from solver.sharding.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.sharding.program import Planner, evaluate
@@ -46,7 +49,7 @@ from solver.sharding.redistribute import local_bytes
 from solver.sharding.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
-BUDGET_SHARE = 0.8  # share of the Lagrangian time the weight-budget bounds and their plans may take
+BUDGET_SHARE = 0.9  # share of the Lagrangian time the weight-budget bounds and their plans may take
 BUDGET_PLANS = 12  # plans evaluated from one weight-budget solve's tables (until one fits)
 
 
@@ -195,8 +198,8 @@ def lagrange(
 
     def budget() -> bool:
         """The weight-budget bound at the step of the largest activation floor, then (unless
-        its plans prove it) the activation-peak bound, each with its plans; True when a plan
-        that fits meets the best bound (proven optimal)."""
+        its plans prove it) the activation-peak bound, each with its plans; True when one of
+        them gave a bound."""
         nonlocal best_lb
         tb = time.perf_counter()
         deadline = tb + BUDGET_SHARE * (time_limit - (tb - t0))
@@ -223,7 +226,7 @@ def lagrange(
                 stats["peak_lower_bound"] = peak.value
                 stats["peak_caps_solved"] = peak.solved
         stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
-        return proven()
+        return proven() or "budget_lower_bound" in stats or "peak_lower_bound" in stats
 
     def budget_plans(tables, cap: int, unit: int, deadline: float | None = None) -> float:
         """Plans of one weight-budget solve's tables, the least time first, until one fits:
@@ -258,6 +261,14 @@ def lagrange(
         if not math.isfinite(best_lb):
             return None
         stats["lagrange_stopped"] = "the time limit passed during variable elimination"
+    if best is None and limit is not None and time.perf_counter() < deadline:
+        # no plan fits yet (a limit near the least memory): the leanest plan starts the mixing
+        with contextlib.suppress(DeadlineReached):
+            lean = _leanest(planner, model, prob, deadline)
+            plans.append((lean.strategies, evaluate(planner, lean.strategies)))
+            if lean.upper <= limit:
+                best = (plans[-1][1].objective, lean.strategies)
+                stats["leanest_plan_started_mixing"] = True
     if best is not None and limit is not None and len(plans) > 1 and not proven():
         packed = knapsack_segments(planner, plans, limit)
         mixed = mix_segments(planner, plans, limit, t0 + time_limit)
@@ -281,8 +292,10 @@ def lagrange(
 
 
 def _search(run, budget, limit, t0: float, time_limit: float, iterations: int) -> None:
-    """lambda = 0, then the weight-budget bound, then bisection on lambda (on a log scale)
-    between a lambda whose plan does not fit and one whose plan fits."""
+    """lambda = 0, then the weight-budget bounds, then, only when they gave no bound (they are
+    at least as tight where they exist, and the time left goes to mixing their plans),
+    bisection on lambda (on a log scale) between a lambda whose plan does not fit and one
+    whose plan fits."""
     if not run(0.0) and limit is not None and not budget():
         lo, hi = 0.0, None
         lam = 1e-12
@@ -478,32 +491,89 @@ def least_memory_plan(
 ) -> LeastMemory | None:
     """The least memory per device any plan needs, bounded below by the least bytes held at
     one step (W' + activations + copies, exact by variable elimination: every plan holds at
-    least that there), and above by the leanest plan found: the plan minimising those bytes
-    with the activations of every step as a tie-break, then again at its own peak step. None
-    when the model cannot be built in time or is too wide."""
+    least that there) and by the activation-peak relaxation (min over Q of Q + the least W' of
+    the plans needing no peak above Q), and above by the leanest plan found (each minimiser,
+    with every step's bytes as a tie-break, priced by evaluate). None when the model cannot be
+    built in time or is too wide."""
     deadline = time.perf_counter() + time_limit
     try:
         model = ShardModel(planner, None, pins, "time", build=False, deadline=deadline)
         prob = _Problem(model)
-        steps = range(len(model.cands))
-        every = combine([step_memory(model, v) for v in steps], 1 / (4 * len(steps)))
-        step, tried, lower, best = int(np.argmax(model.floors()[2])), set(), 0.0, None
-        while len(tried) < LEAST_MEMORY_TRIES and step not in tried:
-            tried.add(step)
-            mem = step_memory(model, step)
-            lower = max(lower, least_memory(prob, mem, deadline).nbytes)
-            lean = least_memory(prob, combine([mem, every]), deadline)
-            s = {
-                op.name: model.cands[i][c].strategy
-                for i, (op, c) in enumerate(zip(planner.sm.ops, lean.choice, strict=True))
-            }
-            need = evaluate(planner, s).memory_per_device
-            if best is None or need < best.upper:
-                best = LeastMemory(lower, need, s)
-            best.lower = lower
-            if best.exact:
-                break
-            step = int(np.argmax(step_bytes(model, lean.choice)))
+        return _leanest(planner, model, prob, deadline)
     except (DeadlineReached, _TooWide):
         return None
+
+
+def _leanest(planner, model: ShardModel, prob: _Problem, deadline: float) -> LeastMemory:
+    """The least memory interval over the choices of ``model`` (see least_memory_plan)."""
+    every = _every_step(model)
+    best = _lean_at_steps(planner, model, prob, every, deadline)
+    if not best.exact:
+        _lean_by_peak(planner, model, prob, every, best, deadline)
     return best
+
+
+def _every_step(model: ShardModel):
+    """Every step's bytes, summed and scaled so that they add at most a quarter of the largest
+    (the tie-break of the leanest plan: the steps not minimised stay lean too)."""
+    steps = range(len(model.cands))
+    return combine([step_memory(model, v) for v in steps], 1 / (4 * len(steps)))
+
+
+def _lean_plan(planner: Planner, model: ShardModel, choice: list[int]) -> LeastMemory:
+    """A plan and its memory per device (as the upper end of a LeastMemory, lower 0)."""
+    s = {
+        op.name: model.cands[i][c].strategy
+        for i, (op, c) in enumerate(zip(planner.sm.ops, choice, strict=True))
+    }
+    return LeastMemory(0.0, evaluate(planner, s).memory_per_device, s)
+
+
+def _lean_at_steps(planner, model, prob, every, deadline: float) -> LeastMemory:
+    """The least bytes at the step of the largest floor, then at the peak step of the plan
+    minimising them (up to LEAST_MEMORY_TRIES steps): the best lower and upper ends."""
+    step, tried, best = int(np.argmax(model.floors()[2])), set(), None
+    lower = 0.0
+    while len(tried) < LEAST_MEMORY_TRIES and step not in tried:
+        tried.add(step)
+        mem = step_memory(model, step)
+        lower = max(lower, least_memory(prob, mem, deadline).nbytes)
+        lean = least_memory(prob, combine([mem, every]), deadline)
+        plan = _lean_plan(planner, model, lean.choice)
+        if best is None or plan.upper < best.upper:
+            best = plan
+        best.lower = lower
+        if best.exact:
+            break
+        step = int(np.argmax(step_bytes(model, lean.choice)))
+    return best
+
+
+def _lean_by_peak(planner, model, prob, every, best: LeastMemory, deadline: float) -> None:
+    """Raise ``best.lower`` (and lower ``best.upper``) by the activation-peak relaxation: a
+    plan s with peak P makes no choice or pair needing more than Q(s) = max(floor, its needs)
+    <= P, so its memory W + P >= Q(s) + the least W' of the plans within Q(s). Peaks Q are the
+    floor and the needs above it, ascending, while Q + least W' is below the best so far."""
+    needs = activation_needs(model, prob, deadline)
+    wmin = prob.wconst + sum(float(w.min()) for w in prob.wbytes)
+    weights = TimeTables(prob.sizes, prob.free, prob.wbytes, {}, prob.wconst)
+    values = {needs.floor}
+    for arr in [*needs.unary.values(), *needs.pairs.values()]:
+        values.update(float(q) for q in np.unique(arr) if q > needs.floor)
+    lower = best.upper  # no plan needs more than the leanest found
+    for q in sorted(values):
+        if q + wmin >= min(lower, best.upper):  # this peak and every larger one need more
+            break
+        allowed = within_peak(weights, needs, q)
+        value, _ = min_sum(prob.sizes, prob.order, allowed.unary, allowed.pairs, deadline)
+        lower = min(lower, q + value + prob.wconst)
+        if q + value + prob.wconst < best.upper:  # a leaner plan may be among these
+            unary = [u + every.unary.get(i, 0.0) for i, u in enumerate(allowed.unary)]
+            pairs = dict(allowed.pairs)
+            for k, m in every.pairs.items():
+                pairs[k] = pairs[k] + m if k in pairs else m
+            _, choice = min_sum(prob.sizes, prob.order, unary, pairs, deadline)
+            plan = _lean_plan(planner, model, choice)
+            if plan.upper < best.upper:
+                best.upper, best.strategies = plan.upper, plan.strategies
+    best.lower = max(best.lower, min(lower, best.upper))

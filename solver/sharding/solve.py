@@ -24,7 +24,7 @@ METHODS = {
     "megatron": "Megatron-LM: weight MatMuls alternate column and row splits, then propagation",
     "cpsat": "exact: CP-SAT over every strategy of every operator, warm-started by the others",
 }
-LAGRANGE_SHARE = 0.85  # share of the time limit the Lagrangian bound and mixing may take
+LAGRANGE_SHARE = 0.92  # share of the time limit the Lagrangian bound and mixing may take
 MEMORY_BOUND_SHARE = 0.25  # share of the time limit spent bounding an impossible memory limit
 
 
