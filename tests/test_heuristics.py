@@ -84,7 +84,10 @@ def test_heuristics_never_beat_the_optimum(method, key):
             solve(g, c, method, SolveOptions(time_limit=5))
         return
     extra = {"optimal_perf": True} if method == "poprt" else {}
-    plan = solve(g, c, method, SolveOptions(time_limit=5, extra=extra))
+    # idealdp must finish its 1,428 ideals to prove OPTIMAL: a limit it never meets, however
+    # loaded the machine, rather than 5 s it can miss
+    limit = 300 if method == "idealdp" else 5
+    plan = solve(g, c, method, SolveOptions(time_limit=limit, extra=extra))
     assert not [v for v in validate(g, c, plan.assignment) if v.kind != "capacity"]
     assert plan.objective >= opt * (1 - 1e-9)
     assert plan.lower_bound <= opt
