@@ -3,6 +3,7 @@
     python benchmarks/bench_vs_dp.py --dp /path/to/dp --json vs_dp.json
     MTPP_DP=/path/to/dp python benchmarks/bench_vs_dp.py --only bert --ks 8
     python benchmarks/bench_vs_dp.py --dp-from vs_dp.json   # reuse the DP times of an earlier run
+    python benchmarks/bench_vs_dp.py --table-from vs_dp.json  # print a saved run again
 
 The 16 throughput graphs at k in {the file's k, 2, 4, 8}, one instance at a time (the DP is
 single-threaded, CP-SAT uses every core). The DP is the repository's ``throughput-dp/dp.cpp``
@@ -237,15 +238,16 @@ def how_proved(stats: dict) -> str:
 
 
 def agreement(dp: DpRun, mtpp: MtppRun) -> str:
-    """yes / NO / - (the DP has no answer) for one instance."""
+    """yes / NO / not proven (the DP's value, no proof) / - (the DP has no answer)."""
     if dp.status == "infeasible" or mtpp.status == "INFEASIBLE":
         return "yes" if dp.status == "infeasible" and mtpp.status == "INFEASIBLE" else "NO"
     if dp.objective is None:
         return "-"
     if mtpp.objective is None:
         return "NO"
-    close = math.isclose(dp.objective, mtpp.objective, rel_tol=AGREE_RTOL)
-    return "yes" if close and mtpp.status == "OPTIMAL" else "NO"
+    if not math.isclose(dp.objective, mtpp.objective, rel_tol=AGREE_RTOL):
+        return "NO"
+    return "yes" if mtpp.status == "OPTIMAL" else "not proven"
 
 
 @dataclass(frozen=True)
@@ -389,6 +391,7 @@ def summary(insts: list[Instance], dp_ran: bool) -> list[str]:
         f"- instances: {len(insts)}; mtpp proved {sum(proven(i) for i in insts)}; "
         f"agree with the DP: {sum(i.agree.startswith('yes') for i in insts)}, "
         f"disagree: {sum(i.agree.startswith('NO') for i in insts)}, "
+        f"same value, not proven: {sum(i.agree.startswith('not proven') for i in insts)}, "
         f"DP without an answer: {sum(i.agree.startswith('-') for i in insts)}"
     ]
     for view in VIEWS:
@@ -454,6 +457,18 @@ def load_dp_runs(file: Path) -> dict[tuple[str, int], DpRun]:
     return {(r["key"], r["k"]): DpRun(**r["dp"]) for r in records if r["dp"]["status"] != "not run"}
 
 
+def load_instances(file: Path) -> list[Instance]:
+    """The records of an earlier ``--json`` file (agreement judged again)."""
+    out = []
+    for r in json.loads(file.read_text())["instances"]:
+        mt = dict(r["mtpp"])
+        mt["stages"] = Stages(**mt["stages"])
+        inst = Instance(r["key"], r["k"], r["file_k"], DpRun(**r["dp"]), MtppRun(**mt))
+        inst.agree, inst.known = agreement(inst.dp, inst.mtpp), r.get("known")
+        out.append(inst)
+    return out
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
@@ -479,6 +494,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-tiny", action="store_true", help="skip the tiny_transformer row")
     ap.add_argument("--json", type=Path, default=None, help="save every record here")
     ap.add_argument(
+        "--table-from",
+        type=Path,
+        default=None,
+        help="print the table and summary of an earlier --json file; runs nothing",
+    )
+    ap.add_argument(
         "--mtpp",
         default=None,
         help="the command that runs mtpp, e.g. 'env PYTHONPATH=/tmp/head python -m solver.cli' "
@@ -492,6 +513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table_from:
+        return print_saved(args.table_from)
     if args.mtpp:
         MTPP_COMMAND[:] = shlex.split(args.mtpp)
     reuse = load_dp_runs(args.dp_from) if args.dp_from else {}
@@ -510,6 +533,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         save(args.json, insts, lines)
     return 0 if all(not i.agree.startswith("NO") for i in insts) else 1
+
+
+def print_saved(file: Path) -> int:
+    """The table and summary of a saved run (its tiny_transformer and load lines as saved)."""
+    insts = load_instances(file)
+    saved = json.loads(file.read_text()).get("summary", [])
+    print(HEADER)
+    print("|" + "---|" * HEADER.count(" | ") + "---|")
+    print("\n".join(row(i) for i in insts))
+    dp_ran = any(i.dp.status != "not run" for i in insts)
+    kept = [ln for ln in saved if ln.startswith(("- `mtpp solve", "- end"))]
+    print("\n" + "\n".join(summary(insts, dp_ran) + kept))
+    return 0
 
 
 if __name__ == "__main__":
