@@ -1,12 +1,20 @@
-"""The weight-budget bound of the memory limit: the exact minimum time over every plan whose
-weights plus the outputs alive at one step fit the limit, bytes rounded DOWN to a unit.
+"""Bounds of the memory limit by variable elimination with a level axis, and the least bytes
+a plan holds at a step.
 
-Every plan within the limit has ``W'(s) + live_v(s) <= W(s) + peak(s) <= limit`` (W' counts
-each weight once at its first use, ``live_v`` the outputs alive at step v), so the minimum under
-that one constraint is a lower bound on the constrained optimum, without the Lagrangian duality
-gap; its minimiser, when it fits, is the optimum. Variable elimination computes it exactly when
-every table carries one more axis, the units used so far: factors are combined by a (min, +)
-convolution along it. Used by solver/sharding/lagrange.py; docs/sharding.md has the measurements.
+- Weight-budget bound: the exact minimum time over every plan whose bytes at one step (weights
+  W' plus the outputs alive there plus the copies made there) fit the limit, bytes above their
+  least rounded DOWN to a unit. Every plan within the limit has ``W'(s) + mem_v(s) <= W(s) +
+  peak(s) <= limit`` (W' counts each weight once at its first use), so it is a lower bound on
+  the constrained optimum without the Lagrangian duality gap. Variable elimination computes it
+  exactly when every table carries one more axis, the units used so far: factors are combined
+  by a (min, +) convolution along it.
+- Activation-peak bound: every step at once, through the least peak each choice and pair of
+  choices implies (:func:`activation_needs`): min over caps c of the least time with W' within
+  c units and no need above the room those units leave (:func:`peak_bound`).
+- Least bytes at a step (:func:`least_memory`): a plain min-sum elimination, a lower bound on
+  the memory per device every plan needs.
+
+Used by solver/sharding/lagrange.py; docs/sharding.md has the proofs and measurements.
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ variable elimination returns are evaluated by ``evaluate``; those within the lim
 incumbents (without a limit, lambda = 0 gives the optimum and its proof at once).
 
 Before the Lagrangian search, the weight-budget bound (solver/sharding/budget.py) solves the
-relaxation "W' plus the outputs alive at one step fit the limit" exactly, bytes rounded down to
-a unit, by variable elimination whose tables carry the units used so far: no duality gap, and
-its minimiser, when it fits, is the optimum (docs/sharding.md, "The exact optimiser").
+relaxation "W' plus the bytes held at one step fit the limit" exactly, bytes rounded down to a
+unit, by variable elimination whose tables carry the units used so far, then the
+activation-peak bound (every step at once); when either gives a bound the Lagrangian search is
+skipped and the time left mixes their plans. :func:`least_memory_plan` bounds the least memory
+per device any plan needs (docs/sharding.md, "The exact optimiser").
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ def lagrange(
             stats["budget_lower_bound"] = out.value
             stats["budget_unit_bytes"] = out.unit
             budget_plans(out.tables, out.cap, out.unit, deadline)
-        if not proven():
+        if out is not None and not proven():  # (no unit for one, none for the other)
             try:
                 needs = activation_needs(model, prob, deadline)
             except DeadlineReached:
