@@ -153,7 +153,9 @@ def solve_sharding(
     a :class:`Cluster` (devices that differ: priced at the slowest compute, within the least
     capacity); ``progress``: a :class:`solver.progress.SolveProgress` or None. ``cpsat``
     returns within about ``time_limit`` (plus the first heuristic plan and one evaluation):
-    past it, the best warm start with its bound, FEASIBLE, and ``stats["stopped"]``.
+    past it, the best warm start with its bound, FEASIBLE, and ``stats["stopped"]``; when no
+    plan that fits was found by then, up to MEMORY_BOUND_SHARE of it more looks for the
+    leanest plan (returned when it fits) and the least memory any plan needs (the refusal).
     """
     from solver.cluster import Cluster, load_cluster
     from solver.sharding.lockstep import lockstep
@@ -250,9 +252,7 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         lag = lagrange(planner, limit, pins, LAGRANGE_SHARE * left())
     lag_stats = {}
     if lag is not None and "least_memory_bound" in lag.stats:  # no plan fits the limit
-        raise _refusal(
-            planner, pins, limit, max(1.0, left()), workers
-        )
+        raise _refusal(planner, pins, limit, max(1.0, left()), workers)
     if lag is not None:
         bound = max(bound, lag.lower_bound)
         lag_stats = {**lag.stats, "lagrange_lower_bound": lag.lower_bound}
@@ -313,9 +313,7 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         )
     stats["warm_starts"] = {h[1]: h[0] if fits(h[3], limit) else None for h in hints}
     if res.cpsat_status == "INFEASIBLE":
-        raise _refusal(
-            planner, pins, limit, max(1.0, left()), workers
-        )
+        raise _refusal(planner, pins, limit, max(1.0, left()), workers)
     best = fitting[0] if fitting else None
     if best is not None:
         stats["kept_warm_start"] = best[1]
@@ -343,11 +341,12 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         res = solve_exact(planner, limit, pins, [best[2]], opts, upper)
         stats["resolved_with_upper_bound"] = upper
     if best is None:
+        # past the time limit: the leanest plan, when it fits, beats no plan at all
         lean = _least_memory(planner, pins, max(1.0, MEMORY_BOUND_SHARE * time_limit), workers)
         if lean is None or lean.strategies is None or lean.upper > limit:
             raise _refusal(planner, pins, limit, 0.0, workers, lean, time_limit)
-        best = (evaluate(planner, lean.strategies).objective, "least memory", lean.strategies,
-                evaluate(planner, lean.strategies))  # fmt: skip
+        program = evaluate(planner, lean.strategies)
+        best = (program.objective, "least memory", lean.strategies, program)
         stats["kept_warm_start"] = "least memory"
     objective, _, strategies, program = best
     if bound_exceeds(lb, objective):
