@@ -144,7 +144,7 @@ def certified_lower_bound(
     early_io = target is not None
     for stage in (
         lambda: early_io and _io_chains(run, g, it, cluster, k, first),
-        lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit),
+        lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
         lambda: not early_io and _io_chains(run, g, it, cluster, k),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
@@ -160,12 +160,15 @@ def certified_lower_bound(
 _EXACT = object()  # a stage's answer when it proved the optimum: no other bound is larger
 
 
-def _ideals(run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float):
-    # with an incumbent the gap is open here (the cheap bounds did not meet it): the DP is
-    # worth its time on small graphs too, and a proof spares the CP-SAT search
-    dp = ideal_chain(
-        g, cluster, k, run.best, seconds, small=run.target is not None, upper=run.target
-    )
+def _ideals(
+    run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float, small: bool = False
+):
+    # with an incumbent and most of the time (``small``: the DP goes first) the gap is open
+    # here (the cheap bounds did not meet it): the DP is worth its time on small graphs too,
+    # and a proof spares the CP-SAT search. With a short budget small graphs keep the
+    # relaxations alone (a DP cut short by the clock would make the bound depend on timing)
+    small = small and run.target is not None
+    dp = ideal_chain(g, cluster, k, run.best, seconds, small=small, upper=run.target)
     if dp is not None and dp.lower > 0:
         run.vals["ideals"] = dp.lower
         if dp.optimal:  # the exact optimum: no other bound can be larger
