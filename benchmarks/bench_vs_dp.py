@@ -16,7 +16,9 @@ max load from DP": that is read as infeasible.
 mtpp runs as ``mtpp solve GRAPH -k K --time-limit 60 --json`` in a subprocess: "wall" includes
 start-up, "solve" is the plan's ``wall_seconds`` and the stages come from its stats. The DP and
 mtpp must agree on the optimum (relative 1e-6) or both say infeasible; mtpp must say OPTIMAL.
-CPU seconds (user + system of the child) are recorded too: they move less under load.
+CPU seconds (user + system of the child) are recorded too: on a loaded machine they are the
+better measure (the single-threaded DP's stay near its idle wall time; mtpp's are never below
+its idle wall time, so a ratio of CPU seconds errs against mtpp).
 Without ``--dp`` / ``$MTPP_DP`` only mtpp runs (the table says so).
 """
 
