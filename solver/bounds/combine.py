@@ -20,6 +20,9 @@ from solver.plan import OPTIMALITY_TOL
 # instant and the chains with io take the rest
 SHARES = {"weights": 0.1, "decision": 0.15, "work packing": 0.1}
 IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with a target)
+IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
+IDEALS_SMALL_MIN_NODES = 64  # below this many coarse nodes CP-SAT proves in milliseconds: the
+# DP runs on graphs smaller than IDEALS_MIN_NODES only from here up
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
 IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last)
 IDEALS_MIN_NODES = 300  # ... on graphs of at least this many coarse nodes (smaller ones are
@@ -187,7 +190,11 @@ def _io_chains(
 
     def seconds() -> float:
         left = run.left() / 2
-        return min(left, IO_CHAIN_SHARE * run.time_limit) if dp_next else left
+        if dp_next:
+            return min(left, IO_CHAIN_SHARE * run.time_limit)
+        # they converge in milliseconds on most graphs: a floor keeps a loaded machine from
+        # cutting them short (the bound would then depend on the clock)
+        return max(left, IO_CHAIN_MIN_SECONDS)
 
     run.vals["chain io"] = (
         chain_io_bound(g, it, cluster, k, chain, seconds(), target=target) if chain > 0 else 0.0
@@ -241,8 +248,9 @@ def ideal_chain(
     (:mod:`solver.heuristics.chain_ideals`) on its coarse view, computed once per graph,
     cluster and k (the warm start of the exact solver reads the same result); None on a
     cluster whose devices or links differ, and on graphs of fewer than IDEALS_MIN_NODES coarse
-    nodes unless ``small`` (or it was computed already). ``upper``: the cost of a known plan
-    (it prunes the blocks priced, and the DP first tries to prove that plan optimal)."""
+    nodes (IDEALS_SMALL_MIN_NODES with ``small``) unless it was computed already. ``upper``:
+    the cost of a known plan (it prunes the blocks priced, and the DP first tries to prove
+    that plan optimal)."""
     from solver.heuristics.chain_ideals import chain_ideal_dp
 
     cg, _ = coarse_view(g)
@@ -256,7 +264,8 @@ def ideal_chain(
         cluster.link_bandwidth,
         cluster.slow_memory_bandwidth,
     )
-    if cg.n < IDEALS_MIN_NODES and not small and key not in cache:
+    too_small = cg.n < (IDEALS_SMALL_MIN_NODES if small else IDEALS_MIN_NODES)
+    if too_small and key not in cache:
         return None
     hit, state = cache.get(key, (None, {}))
     if hit is None or (not hit.optimal and "stopped" in hit.stats):
