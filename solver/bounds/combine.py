@@ -10,6 +10,7 @@ from solver.bounds.chain import chain_bound, work_chain_bound
 from solver.bounds.chain_io import chain_io_bound
 from solver.bounds.decision import decision_bound, work_packing_bound
 from solver.bounds.items import items
+from solver.bounds.node_block import node_block_bound
 from solver.bounds.packing import import_cpsat
 from solver.bounds.weights import capacity_infeasible, weights_bound
 from solver.cluster import Cluster
@@ -21,6 +22,8 @@ from solver.plan import OPTIMALITY_TOL
 SHARES = {"weights": 0.1, "decision": 0.15, "work packing": 0.1}
 IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with a target)
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
+NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
+NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
 IDEALS_SMALL_MIN_NODES = 64  # below this many coarse nodes CP-SAT proves in milliseconds: the
 # DP runs on graphs smaller than IDEALS_MIN_NODES only from here up
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
@@ -106,7 +109,15 @@ class _BoundRun:
         )
 
 
-ORDER = ("chain io", "work io chain", "ideals", "weights", "decision", "work packing")  # skipped
+ORDER = (  # the bounds a met incumbent skips, in the order they run
+    "chain io",
+    "work io chain",
+    "node block",
+    "ideals",
+    "weights",
+    "decision",
+    "work packing",
+)
 
 
 def certified_lower_bound(
@@ -147,8 +158,10 @@ def certified_lower_bound(
     early_io = target is not None
     for stage in (
         lambda: early_io and _io_chains(run, g, it, cluster, k, first),
+        lambda: early_io and _node_block(run, g, cluster),
         lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
         lambda: not early_io and _io_chains(run, g, it, cluster, k),
+        lambda: not early_io and _node_block(run, g, cluster),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
     ):
@@ -204,6 +217,22 @@ def _io_chains(
     run.vals["work io chain"] = chain_io_bound(
         g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target
     )
+
+
+def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
+    """The cheapest block around each node (one min cut per node that could raise the
+    bound). With an incumbent only nodes above the best bound so far are cut and a value
+    that proves nothing more is listed in ``skipped``; without one it is its own bound."""
+    if not cluster.homogeneous:
+        run.skipped["node block"] = "devices or links differ (see the topology bound)"
+        return
+    fast = run.target is not None
+    seconds = max(min(run.left() / 2, NODE_BLOCK_SHARE * run.time_limit), NODE_BLOCK_MIN_SECONDS)
+    res = node_block_bound(g, cluster, seconds, run.best if fast else 0.0, run.target)
+    if fast:
+        run.packing("node block", res.value)
+    else:
+        run.vals["node block"] = res.value
 
 
 def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
