@@ -567,6 +567,48 @@ def test_activation_needs_and_the_peak_bound_against_brute_force(seed, cluster, 
 
 
 @pytest.mark.parametrize(
+    "seed, cluster, mesh", [(0, CL4, None), (15, CL4, (2, 2)), (24, CL4, None), (7, CL4_LAT, None)]
+)
+def test_peak_bound_with_exact_weights_against_brute_force(seed, cluster, mesh):
+    """The activation-peak bound with W' exact in bytes (a Lagrangian bound per peak value Q)
+    is never above the best plan within the limit nor above the brute-force minimum of its
+    relaxation: min over Q of the least time with no need above Q and W' <= limit - Q."""
+    from solver.sharding.budget import activation_needs, peak_dual_bound, peak_values
+    from solver.sharding.exact import ShardModel
+    from solver.sharding.lagrange import _Problem
+
+    pl = _planner(random_model(seed), cluster, mesh)
+    objs, mems, _ = brute_force(pl)
+    model = ShardModel(pl, None, {}, "time", build=False)
+    prob = _Problem(model)
+    needs = activation_needs(model, prob)
+    rows = []
+    for combo in _combos(model):
+        need = max(
+            [float(a[combo[i]]) for i, a in needs.unary.items()]
+            + [float(m[combo[u], combo[v]]) for (u, v), m in needs.pairs.items()]
+            + [needs.floor]
+        )
+        w = prob.wconst + sum(float(prob.wbytes[i][c]) for i, c in enumerate(combo))
+        rows.append((evaluate(pl, _plan_of(pl, model, combo)).objective, need, w))
+    checked = 0
+    for q in (0.0, 0.1, 0.3, 0.6):
+        limit = float(np.quantile(mems, q))
+        out = peak_dual_bound(prob, limit, needs, time.perf_counter() + 30, most=10**6)
+        assert out is not None
+        best = float(objs[mems <= limit].min())
+        assert out.value <= best * (1 + 1e-12)
+        relaxed = min(
+            (t for t, need, w in rows for v in peak_values(prob, limit, needs)
+             if need <= v and w <= limit - v),
+            default=math.inf,
+        )  # fmt: skip
+        assert out.value <= relaxed * (1 + 1e-12)
+        checked += out.value > -math.inf
+    assert checked == 4
+
+
+@pytest.mark.parametrize(
     "seed, cluster, mesh", [(0, CL4, None), (7, CL4_LAT, None), (15, CL4, (2, 2))]
 )
 def test_least_memory_interval_holds_the_brute_force_minimum(seed, cluster, mesh):
@@ -716,3 +758,94 @@ def test_mixed_devices_are_priced_at_the_slowest_and_fit_the_smallest():
         assert got.objective > fast.objective, method
         assert got.program.compute == pytest.approx(slow.program.compute, rel=1e-12)
         assert got.planner.cluster.name == "mixed"
+
+
+# ---------------------------------------------------------------------- exact windows
+def _two_relus():
+    """x -> Relu -> Relu -> MatMul(w): two operators with the same candidates."""
+    w = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="relu0"),
+            helper.make_node("Relu", ["a"], ["b"], name="relu1"),
+            helper.make_node("MatMul", ["b", "w"], ["y"], name="mm"),
+        ],
+        "two_relus",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("share, pin", [(None, None), (0.6, None), (None, ((1, 4),))])
+def test_tied_operators_choose_alike_and_the_tied_optimum_matches_brute_force(share, pin):
+    """same_choice makes two operators take the same strategy (a pin on one carries over to
+    the other); CP-SAT's optimum of that restricted problem equals brute force's over the
+    plans where they agree (within the limit, with the pin)."""
+    from solver.sharding.exact import ExactOptions, solve_exact
+
+    pl = _planner(_two_relus(), CL4_LAT)
+    objs, mems, plans = brute_force(pl)
+    limit = None if share is None else share * mems.max() + (1 - share) * mems.min()
+    pins = {} if pin is None else {"relu0": pin}
+    alike = [
+        k
+        for k, p in enumerate(plans)
+        if p["relu0"] == p["relu1"]
+        and (limit is None or mems[k] <= limit)
+        and (pin is None or p["relu0"] == pin)
+    ]
+    opts = ExactOptions(time_limit=20, same_choice=((0, 1),))
+    res = solve_exact(pl, limit, pins, [], opts)
+    assert res.cpsat_status == "OPTIMAL"
+    assert res.strategies["relu0"] == res.strategies["relu1"]
+    assert evaluate(pl, res.strategies).objective == pytest.approx(objs[alike].min(), rel=1e-9)
+    if pin is not None:
+        assert res.strategies["relu1"] == pin
+        assert objs[alike].min() > objs.min()  # the tie binds
+
+
+def test_repeating_window_is_in_the_middle_of_the_longest_repeating_run():
+    from solver.sharding.windows import repeating_window
+
+    assert repeating_window(list("EABABABABF")) == range(3, 7)
+    assert repeating_window(list("EAAAAAF")) == range(2, 4)
+    assert repeating_window(list("ABCDE")) is None
+
+
+def test_window_search_at_the_least_memory_fits_and_never_beats_the_bound():
+    """On a 4-layer transformer at exactly the least memory any plan needs, the exact windows
+    start from the leanest plan, keep every plan within the limit, make no plan slower, and
+    stay above the activation-peak bound (a valid bound of the real problem)."""
+    from solver.sharding.lagrange import least_memory_plan
+    from solver.sharding.windows import window_search
+
+    model = examples.transformer(layers=4, batch=4, seq=16, hidden=64, heads=4, vocab=64)
+    pl = _planner(model, CL4)
+    lean = least_memory_plan(pl, {}, 30.0)
+    assert lean.exact
+    start = evaluate(pl, lean.strategies)
+    found = window_search(pl, lean.upper, {}, lean.strategies, time.perf_counter() + 20)
+    assert found.program.memory_per_device <= lean.upper
+    assert found.program.objective <= start.objective
+    assert evaluate(pl, found.strategies).objective == found.program.objective
+    bound = lagrange(pl, lean.upper, {}, 20.0).lower_bound
+    assert bound <= found.program.objective * (1 + 1e-12)
+    assert found.improved >= 1 and found.program.objective < start.objective
+
+
+def test_a_transformer_at_exactly_its_least_memory_is_solved_optimal():
+    """At the least memory any plan needs (every plan that fits is a leanest plan) the plan
+    meets the bound: OPTIMAL, and the plan fits exactly."""
+    from solver.sharding.lagrange import least_memory_plan
+
+    model = examples.transformer(layers=4, batch=4, seq=16, hidden=64, heads=4, vocab=64)
+    pl = _planner(model, CL4)
+    lean = least_memory_plan(pl, {}, 30.0)
+    res = solve_sharding(pl.sm, cluster=CL4, method="cpsat", memory=lean.upper, time_limit=30)
+    assert res.status == OPTIMAL, res.stats
+    assert res.program.memory_per_device <= lean.upper
+    assert res.objective < evaluate(pl, lean.strategies).objective

@@ -704,3 +704,92 @@ def within_peak(prob, needs: ActivationNeeds, peak: float) -> TimeTables:
                 base = np.zeros(need.shape)
             pairs[key] = np.where(need > peak, math.inf, base)
     return TimeTables(prob.sizes, prob.free, unary, pairs, prob.const)
+
+
+DUAL_PEAKS = 8  # the exact-weights peak bound is skipped when more peak values than this matter
+DUAL_ITERATIONS = 24  # Lagrange multipliers tried per peak value (growth, then bisection)
+
+
+@dataclass
+class DualPeakBound:
+    """The activation-peak bound with the weights exact in bytes: ``value`` = min over the peak
+    values Q of the best Lagrangian bound of R(Q) found (a lower bound on every plan within the
+    limit), and how many values Q there were."""
+
+    value: float
+    peaks: int
+
+
+def peak_values(prob, limit: float, needs: ActivationNeeds) -> list[float]:
+    """The peaks Q a plan within ``limit`` can be bounded by: the floor and every need above it
+    up to the limit less the least W' (a plan needing more holds more than the limit)."""
+    wmin = prob.wconst + sum(float(w.min()) for w in prob.wbytes)
+    values = {needs.floor}
+    for arr in [*needs.unary.values(), *needs.pairs.values()]:
+        q = np.unique(arr[np.isfinite(arr)])
+        values.update(float(x) for x in q if needs.floor < x <= limit - wmin)
+    return sorted(v for v in values if v <= limit - wmin)
+
+
+def peak_dual_bound(
+    prob,
+    limit: float,
+    needs: ActivationNeeds,
+    deadline: float,
+    on_choice=None,
+    most: int = DUAL_PEAKS,
+) -> DualPeakBound | None:
+    """min over Q of max over lambda >= 0 of D_Q(lambda) = min over the choices that make no
+    choice or pair needing more than Q of [time + lambda W'] - lambda (limit - Q): every plan
+    s within the limit makes no choice or pair needing more than Q(s) = max(floor, its needs)
+    <= peak(s), and W'(s) <= W(s) <= limit - peak(s) <= limit - Q(s), so time(s) >=
+    D_Q(s)(lambda) for every lambda (docs/sharding.md). No rounding of bytes: a few bytes of
+    bias shards count. ``on_choice(choice)`` sees every minimiser. None with more than
+    ``most`` values of Q or past ``deadline`` (a minimum over part of them is no bound)."""
+    values = peak_values(prob, limit, needs)
+    if len(values) > most:
+        return None
+    best = math.inf
+    try:
+        for q in values:
+            allowed = within_peak(prob, needs, q)
+            best = min(best, _dual_at_peak(prob, allowed, limit - q, deadline, on_choice))
+    except DeadlineReached:
+        return None
+    return DualPeakBound(best, len(values))
+
+
+def _dual_at_peak(prob, allowed: TimeTables, room: float, deadline: float, on_choice) -> float:
+    """The best D(lambda) = min [time + lambda W'] - lambda room over ``allowed`` found for
+    lambda = 0, then growing tenfold until a minimiser has W' <= room, then bisecting (log
+    scale) between the last that did not and the first that did; inf when none allowed."""
+
+    def dual(lam: float) -> tuple[float, bool]:
+        unary = [u + lam * w for u, w in zip(allowed.unary, prob.wbytes, strict=True)]
+        value, choice = min_sum(prob.sizes, prob.order, unary, allowed.pairs, deadline)
+        if not math.isfinite(value):
+            return math.inf, True
+        if on_choice is not None:
+            on_choice(choice)
+        w = prob.wconst + sum(float(prob.wbytes[i][c]) for i, c in enumerate(choice))
+        return value + allowed.const + lam * (prob.wconst - room), w <= room
+
+    best, fits = dual(0.0)
+    if fits:  # lambda = 0's minimiser is within the room: the minimum over R(Q) itself
+        return best
+    lo, hi, lam = 0.0, None, 1e-15
+    for _ in range(DUAL_ITERATIONS):
+        if hi is None and lam > 1e6:
+            break
+        if hi is not None and hi - lo <= 1e-6 * hi:
+            break
+        trial = lam if hi is None else (math.sqrt(lo * hi) if lo > 0 else hi / 10)
+        value, fits = dual(trial)
+        best = max(best, value)
+        if fits:
+            hi = trial
+        elif hi is None:
+            lo, lam = trial, trial * 10
+        else:
+            lo = trial
+    return best

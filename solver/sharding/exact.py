@@ -58,6 +58,9 @@ class ExactOptions:
     encoding: str = "cuts"
     on_progress: object = None
     params: dict = field(default_factory=dict)
+    # pairs of operator indices made to choose the same strategy: a restricted problem, so
+    # its bound is no bound of the real one (solver/sharding/windows.py reads plans only)
+    same_choice: tuple = ()
 
 
 @dataclass
@@ -518,6 +521,21 @@ class ShardModel:
             )
             self.m.AddHint(self.W, w)
 
+    def tie(self, a: int, b: int) -> None:
+        """Operators a and b (with the same candidate strategies) choose the same strategy."""
+        where = {sh.strategy: s for s, sh in enumerate(self.cands[a])}
+        for s, sh in enumerate(self.cands[b]):
+            mate = where.get(sh.strategy)
+            xb = self.x[b][s]
+            if mate is None:
+                if not isinstance(xb, int):
+                    self.m.Add(xb == 0)
+                continue
+            xa = self.x[a][mate]
+            if isinstance(xa, int) and isinstance(xb, int):
+                continue
+            self.m.Add(xa == xb)
+
     def read(self, solver: cp_model.CpSolver) -> dict[str, Strategy]:
         out = {}
         for i, op in enumerate(self.sm.ops):
@@ -617,6 +635,8 @@ def solve_exact(
     if model.infeasible:
         stats = {"cpsat_status": "not run", "note": "an operator has no choice within the limit"}
         return ExactResult(None, math.inf, "INFEASIBLE", stats)
+    for a, b in opts.same_choice:
+        model.tie(a, b)
     for h in hints:
         choice = model.choice_of(h)
         if choice is not None:

@@ -41,6 +41,7 @@ from solver.sharding.budget import (
     least_memory,
     min_sum,
     peak_bound,
+    peak_dual_bound,
     step_bytes,
     step_memory,
     within_peak,
@@ -52,6 +53,9 @@ from solver.sharding.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
 BUDGET_SHARE = 0.9  # share of the Lagrangian time the weight-budget bounds and their plans may take
+# share of the time left that mixing from the leanest plan may take (the bounds' plans all break
+# a limit that close to the least memory; exact window solves make better use of the rest)
+LEANEST_MIX_SHARE = 0.25
 BUDGET_PLANS = 12  # plans evaluated from one weight-budget solve's tables (until one fits)
 
 
@@ -227,6 +231,12 @@ def lagrange(
                     best_lb, stats["binding_bound"] = peak.value, "activation peak"
                 stats["peak_lower_bound"] = peak.value
                 stats["peak_caps_solved"] = peak.solved
+            if needs is not None and not proven():  # the same with W' exact in bytes
+                dual = peak_dual_bound(prob, limit, needs, deadline, choice_plan)
+                if dual is not None and dual.value > best_lb:
+                    best_lb, stats["binding_bound"] = dual.value, "activation peak, exact weights"
+                if dual is not None:
+                    stats["peak_dual_lower_bound"] = dual.value
         stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
         return proven() or "budget_lower_bound" in stats or "peak_lower_bound" in stats
 
@@ -254,6 +264,15 @@ def lagrange(
             top = level - max(1, math.ceil(over / unit))
         return math.inf if best is None else best[0]
 
+    def choice_plan(choice: list[int]) -> None:
+        """A minimiser of a bound, priced: the best plan when it fits and is faster."""
+        nonlocal best
+        strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
+        program = evaluate(planner, strategies)
+        if program.memory_per_device <= limit and (best is None or program.objective < best[0]):
+            best = (program.objective, strategies)
+            plans.append((strategies, program))
+
     def proven() -> bool:
         return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
 
@@ -272,14 +291,17 @@ def lagrange(
                 best = (plans[-1][1].objective, lean.strategies)
                 stats["leanest_plan_started_mixing"] = True
     if best is not None and limit is not None and len(plans) > 1 and not proven():
+        end = t0 + time_limit
+        if stats.get("leanest_plan_started_mixing"):  # the rest for exact windows (windows.py)
+            end = time.perf_counter() + LEANEST_MIX_SHARE * (end - time.perf_counter())
         packed = knapsack_segments(planner, plans, limit)
-        mixed = mix_segments(planner, plans, limit, t0 + time_limit)
+        mixed = mix_segments(planner, plans, limit, end)
         for found in (packed, mixed):
             if found is not None and found[0] < best[0]:
                 best = found
-        if packed is not None and time.perf_counter() < t0 + time_limit:
+        if packed is not None and time.perf_counter() < end:
             start = (packed[1], evaluate(planner, packed[1]))
-            again = mix_segments(planner, [start, *plans], limit, t0 + time_limit, start)
+            again = mix_segments(planner, [start, *plans], limit, end, start)
             if again is not None and again[0] < best[0]:
                 best = again
     stats = {

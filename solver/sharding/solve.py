@@ -25,6 +25,8 @@ METHODS = {
     "cpsat": "exact: CP-SAT over every strategy of every operator, warm-started by the others",
 }
 LAGRANGE_SHARE = 0.92  # share of the time limit the Lagrangian bound and mixing may take
+WINDOW_GAP = 0.01  # exact window solves start only when the best plan is this far from the bound
+WINDOW_SHARE = 0.8  # share of the time left after the bounds the window solves may take
 MEMORY_BOUND_SHARE = 0.25  # share of the time limit spent bounding an impossible memory limit
 
 
@@ -224,6 +226,7 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         solve_exact,
     )
     from solver.sharding.lagrange import lagrange
+    from solver.sharding.windows import window_search
 
     def note(text: str) -> None:
         if progress is not None:
@@ -264,6 +267,14 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
     if skipped:
         lag_stats["skipped_warm_starts"] = skipped
     fitting = [h for h in hints if fits(h[3], limit)]
+    if fitting and limit is not None and fitting[0][0] - bound > WINDOW_GAP * fitting[0][0]:
+        note("exact windows over the repeating layers")
+        deadline_windows = time.perf_counter() + WINDOW_SHARE * left()
+        found = window_search(planner, limit, pins, fitting[0][2], deadline_windows, workers)
+        if found.improved:
+            lag_stats["window_improvements"] = found.improved
+            fitting.insert(0, (found.program.objective, "windows", found.strategies, found.program))
+            hints.append(fitting[0])
     if progress is not None and fitting:
         progress.update(fitting[0][0], bound, time.perf_counter() - t0)
     if fitting and fitting[0][0] - bound <= OPTIMALITY_TOL * fitting[0][0]:
