@@ -418,6 +418,13 @@ VIEWS = [
         lambda i: i.dp.wall,
     ),
     TimingView("cpu", lambda i: i.mtpp.cpu, lambda i: i.dp.cpu),
+    # the DP's CPU seconds stay near its idle time: the view to read when the DP's times come
+    # from another, differently loaded run (--dp-from)
+    TimingView(
+        "solve vs DP cpu",
+        lambda i: i.mtpp.wall if math.isnan(i.mtpp.solve) else i.mtpp.solve,
+        lambda i: i.dp.cpu,
+    ),
 ]
 
 
