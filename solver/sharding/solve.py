@@ -226,7 +226,6 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         solve_exact,
     )
     from solver.sharding.lagrange import lagrange
-    from solver.sharding.windows import window_search
 
     def note(text: str) -> None:
         if progress is not None:
@@ -269,8 +268,7 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
     fitting = [h for h in hints if fits(h[3], limit)]
     if fitting and limit is not None and fitting[0][0] - bound > WINDOW_GAP * fitting[0][0]:
         note("exact windows over the repeating layers")
-        deadline_windows = time.perf_counter() + WINDOW_SHARE * left()
-        found = window_search(planner, limit, pins, fitting[0][2], deadline_windows, workers)
+        found = _windows(planner, pins, limit, fitting[0][2], WINDOW_SHARE * left(), workers)
         if found.improved:
             lag_stats["window_improvements"] = found.improved
             fitting.insert(0, (found.program.objective, "windows", found.strategies, found.program))
@@ -381,6 +379,13 @@ def _exact(planner, pins, limit, bound, time_limit, t0, workers, seed, progress,
         time.perf_counter() - t0,
         stats,
     )
+
+
+def _windows(planner, pins, limit: float, start: dict, seconds: float, workers: int):
+    """Exact CP-SAT windows over the repeating layers (windows.py) from ``start``."""
+    from solver.sharding.windows import window_search
+
+    return window_search(planner, limit, pins, start, time.perf_counter() + seconds, workers)
 
 
 def _least_memory(planner, pins, seconds: float, workers: int):
