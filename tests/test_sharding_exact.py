@@ -445,6 +445,16 @@ def _combos(model):
     return itertools.product(*[range(len(c)) for c in model.cands])
 
 
+def _need_of(needs, combo) -> float:
+    """The activation peak that ``needs`` says the choices ``combo`` force: the largest of
+    its choices', its pairs' and the floor."""
+    return max(
+        [float(a[combo[i]]) for i, a in needs.unary.items()]
+        + [float(m[combo[u], combo[v]]) for (u, v), m in needs.pairs.items()]
+        + [needs.floor]
+    )
+
+
 def _plan_of(pl, model, combo) -> dict:
     return {
         o.name: model.cands[i][s].strategy
@@ -533,11 +543,7 @@ def test_activation_needs_and_the_peak_bound_against_brute_force(seed, cluster, 
     rows = []
     for combo in _combos(model):
         p = evaluate(pl, _plan_of(pl, model, combo))
-        need = max(
-            [float(a[combo[i]]) for i, a in needs.unary.items()]
-            + [float(m[combo[u], combo[v]]) for (u, v), m in needs.pairs.items()]
-            + [needs.floor]
-        )
+        need = _need_of(needs, combo)
         assert need <= p.peak_activation_memory * (1 + 1e-12)
         rows.append((combo, p.objective, p.memory_per_device, need))
     assert any(r[3] > needs.floor for r in rows)  # some choice needs more than the floor
@@ -584,11 +590,7 @@ def test_peak_bound_with_exact_weights_against_brute_force(seed, cluster, mesh):
     needs = activation_needs(model, prob)
     rows = []
     for combo in _combos(model):
-        need = max(
-            [float(a[combo[i]]) for i, a in needs.unary.items()]
-            + [float(m[combo[u], combo[v]]) for (u, v), m in needs.pairs.items()]
-            + [needs.floor]
-        )
+        need = _need_of(needs, combo)
         w = prob.wconst + sum(float(prob.wbytes[i][c]) for i, c in enumerate(combo))
         rows.append((evaluate(pl, _plan_of(pl, model, combo)).objective, need, w))
     checked = 0
