@@ -193,7 +193,7 @@ def evaluate(
         bytes_out = np.bincount(prod_block[sent], weights=g.t_size[sent], minlength=k)
 
     params, peak = _memory_terms(g, a, k)
-    over = _overflow(params, peak, cluster)
+    over = overflow(params, peak, cluster)
     io_in = bytes_in / B
     io_out = bytes_out / B
     f = io_in + work + over + io_out
@@ -250,7 +250,9 @@ def _memory_terms(g: Graph, a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarr
     return params, peak
 
 
-def _overflow(params: np.ndarray, peak: np.ndarray, cluster: Cluster) -> np.ndarray:
+def overflow(params: np.ndarray, peak: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """overflow(S) of blocks (or node sets) holding ``params`` weight bytes and ``peak``
+    activation bytes: the bytes past fast memory, streamed at the slow-memory bandwidth."""
     if math.isinf(cluster.fast_memory):
         return np.zeros_like(params)
     return np.maximum(0.0, params + peak - cluster.fast_memory) / cluster.slow_memory_bandwidth

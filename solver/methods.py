@@ -786,7 +786,7 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     budget = min(BOUND_MAX_SECONDS, BOUND_SHARE * opts.time_limit)
     if method == "cpsat":
         return _solve_exact(fn, g, cluster, k, opts, budget)
-    rest = replace(opts, time_limit=opts.time_limit - budget)  # the bounds run after it
+    rest = replace(opts, time_limit=max(0.05, opts.time_limit - budget))  # bounds after it
     plan = _run_method(fn, g, cluster, k, rest, method)
     if plan is None:
         return None
@@ -830,7 +830,6 @@ def _run_method(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, meth
     """``fn`` on k blocks: placed after planning on a cluster whose devices or links differ
     (heuristics), on every device (manual, which names them; cpsat and brute on such a
     cluster, which choose them), else on k blocks widened to every device."""
-    opts = replace(opts, time_limit=max(0.05, opts.time_limit))
     if not cluster.homogeneous and method not in PLACING_METHODS:
         return _plan_then_place(fn, g, cluster, k, opts, method)
     if method == "manual" or k == cluster.devices or not cluster.homogeneous:

@@ -59,6 +59,12 @@ def bound_exceeds(bound: float, objective: float) -> bool:
     return bound > objective + BOUND_TOL * abs(objective) + BOUND_ABS_TOL
 
 
+def meets_target(target: float | None, bound: float) -> bool:
+    """True when ``bound`` meets ``target``, a known plan's cost (within OPTIMALITY_TOL, the
+    test make_plan applies to OPTIMAL): no other bound can add anything."""
+    return target is not None and math.isfinite(target) and target <= bound * (1 + OPTIMALITY_TOL)
+
+
 @dataclass
 class Plan:
     """An assignment of nodes to blocks plus everything a user needs to trust it."""

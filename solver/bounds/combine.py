@@ -15,7 +15,7 @@ from solver.bounds.packing import import_cpsat
 from solver.bounds.weights import capacity_infeasible, weights_bound
 from solver.cluster import Cluster
 from solver.graph import Graph, coarse_view
-from solver.plan import OPTIMALITY_TOL
+from solver.plan import meets_target
 
 # share of the time limit each CP-SAT packing bound may spend; the chains without io are
 # instant and the chains with io take the rest
@@ -83,10 +83,8 @@ class _BoundRun:
         return max(0.0, self.time_limit - (time.perf_counter() - self.t0))
 
     def met(self) -> bool:
-        """True when the best bound meets the incumbent (within OPTIMALITY_TOL, the test
-        make_plan applies to OPTIMAL): no other bound can add anything."""
-        t = self.target
-        return t is not None and math.isfinite(t) and t <= self.best * (1 + OPTIMALITY_TOL)
+        """True when the best bound meets the incumbent (:func:`solver.plan.meets_target`)."""
+        return meets_target(self.target, self.best)
 
     def skip_rest(self, names: tuple[str, ...]) -> None:
         name = max(self.vals, key=lambda x: self.vals[x])

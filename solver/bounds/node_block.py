@@ -16,7 +16,6 @@ the incumbent or the clock.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -25,9 +24,9 @@ import numpy as np
 from networkx.algorithms.flow import boykov_kolmogorov
 
 from solver.cluster import Cluster
-from solver.cost import own_param_bytes
+from solver.cost import overflow, own_param_bytes
 from solver.graph import Graph, coarse_view
-from solver.plan import OPTIMALITY_TOL
+from solver.plan import meets_target
 
 # a max-flow in floating point may overshoot the exact cut by rounding: the value reported is
 # shrunk by this relative slack so the bound never exceeds the optimum through rounding
@@ -105,10 +104,7 @@ def min_block_cost(cn: CutNetwork, v: int) -> float:
 def own_overflow(g: Graph, cluster: Cluster) -> np.ndarray:
     """overflow({w}) of every node: any block holding w stores w's weights and holds w's
     working set, so it pays at least this."""
-    M = cluster.fast_memory
-    if math.isinf(M):
-        return np.zeros(g.n)
-    return np.maximum(0.0, own_param_bytes(g) + g.act - M) / cluster.slow_memory_bandwidth
+    return overflow(own_param_bytes(g), g.act, cluster)
 
 
 def node_block_bound(
@@ -133,14 +129,10 @@ def node_block_bound(
     for v in np.argsort(-upper, kind="stable").tolist():
         if upper[v] <= max(best, floor):
             break  # sorted: no later node can raise the bound either
-        if time.perf_counter() - t0 > seconds or _meets(target, best):
+        if time.perf_counter() - t0 > seconds or meets_target(target, best):
             return NodeBlockBound(float(best), node, cuts, False)
         value = (min_block_cost(cn, v) + over[v]) * (1 - FLOAT_SLACK)
         cuts += 1
         if value > best:
             best, node = value, v
     return NodeBlockBound(float(best), node, cuts, True)
-
-
-def _meets(target: float | None, best: float) -> bool:
-    return target is not None and math.isfinite(target) and target <= best * (1 + OPTIMALITY_TOL)

@@ -26,16 +26,14 @@ def skips_search(res: ChainResult | None) -> bool:
     return res is not None and res.optimal
 
 
-def chain_warm_start(
-    g: Graph, cluster: Cluster, deadline: float, small: bool = False
-) -> ChainResult | None:
+def chain_warm_start(g: Graph, cluster: Cluster, deadline: float) -> ChainResult | None:
     """The DP's result on k = ``cluster.devices`` blocks (cached, or computed by ``deadline``,
     a ``time.perf_counter()`` value); None on a cluster whose devices or links differ, and on
-    a small graph the bound stage did not run it on unless ``small``."""
+    a small graph the bound stage did not run it on."""
     from solver.bounds.combine import ideal_chain
 
     left = max(0.0, deadline - time.perf_counter())
-    return ideal_chain(g, cluster, cluster.devices, 0.0, left, small=small)
+    return ideal_chain(g, cluster, cluster.devices, 0.0, left)
 
 
 def hint_of(res: ChainResult | None, g: Graph) -> tuple[float, np.ndarray | None]:
