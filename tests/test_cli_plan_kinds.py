@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import onnx
 import pytest
 import yaml
 
 from solver.cli import main
-from solver.cluster import Cluster, Topology
+from solver.cli.plan_files import cluster_difference
+from solver.cluster import Cluster, Topology, load_cluster
 from solver.modelgen import transformer
 
 from .badinput import assert_refused
@@ -222,3 +224,15 @@ def test_a_file_that_is_no_plan_is_refused_naming_what_is_expected(
     bad.write_text(content)
     for command in ("evaluate", "simulate"):
         assert_refused(capsys, [command, plans / "t.onnx", bad], match, watch=tmp_path)
+
+
+def test_a_different_integer_rate_is_named_in_its_unit():
+    recorded = load_cluster("dgx-a100")
+    given = replace(recorded, int8_compute=312e12)
+    assert cluster_difference(given, recorded) == (
+        "int8_compute: 312 TOPS given, 624 TOPS in the plan"
+    )
+    assert cluster_difference(replace(recorded, int8_compute=None), recorded) == (
+        "int8_compute: none given, 624 TOPS in the plan"
+    )
+    assert cluster_difference(replace(recorded, name="renamed"), recorded) is None

@@ -163,7 +163,8 @@ def cluster_difference(given: Cluster, recorded: Cluster) -> str | None:
 
 
 def _quantity(key: str, value: object) -> str:
-    """A cluster value in its unit (``compute`` in FLOPS, memories in bytes, ...)."""
+    """A cluster value in its unit (``compute`` in FLOPS, ``int8_compute`` in OPS, memories
+    in bytes, ...)."""
     if value is None:
         return "none"
     if isinstance(value, str):
@@ -172,6 +173,8 @@ def _quantity(key: str, value: object) -> str:
         return shown(value)
     if key == "compute":
         return format_rate(value, "FLOPS")
+    if key == "int8_compute":
+        return format_rate(value, "OPS")
     if key.endswith("bandwidth"):
         return format_rate(value, "B/s")
     if key.endswith("latency"):
