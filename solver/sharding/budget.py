@@ -52,7 +52,6 @@ class StepMemory:
     u's output made for v at the step, u < v as in the time pairs) and ``const`` (operators
     with one choice). A plan's memory per device is at least W' plus this, at every step."""
 
-    step: int
     unary: dict[int, np.ndarray]
     pairs: dict[tuple[int, int], np.ndarray]
     const: float
@@ -68,7 +67,7 @@ class StepMemory:
     def with_weights(self, prob) -> StepMemory:
         """The same with ``prob``'s first-use weights W' added (every operator a term)."""
         unary = {i: w + self.unary[i] if i in self.unary else w for i, w in enumerate(prob.wbytes)}
-        return StepMemory(self.step, unary, self.pairs, self.const + prob.wconst)
+        return StepMemory(unary, self.pairs, self.const + prob.wconst)
 
 
 @dataclass
@@ -77,7 +76,6 @@ class BudgetTables:
     choices whose levels sum to exactly l (l <= cap), and :meth:`choice` backtracks one."""
 
     total: np.ndarray
-    const: float
     cap: int
     trace: list
     finals: list[tuple[int, np.ndarray]]
@@ -151,7 +149,7 @@ def solve_budget(
     total = np.zeros(1)
     for _, v in finals:
         total = _convolve(total, v, cap)
-    return BudgetTables(total + prob.const, prob.const, cap, trace, finals, len(prob.sizes))
+    return BudgetTables(total + prob.const, cap, trace, finals, len(prob.sizes))
 
 
 MEMO_BYTES = 2**30  # bytes of elimination results solve_budget's memo may hold
@@ -324,7 +322,6 @@ class BudgetBound:
     budget: float
     unit: int
     cap: int
-    step: int | None  # None: the weights W' alone
     tables: BudgetTables
     levels: list[np.ndarray]  # the units of each operator's choices
 
@@ -345,10 +342,7 @@ def budget_bound(
         return None
     unary = [np.floor(b - b.min()).astype(np.int64) for b in mem.unary.values()]
     pairs = {k: np.floor(m - m.min()).astype(np.int64) for k, m in mem.pairs.items()}
-    out = _solve_levels(prob, unary, pairs, budget, limit, deadline, memo)
-    if out is not None:
-        out.step = mem.step
-    return out
+    return _solve_levels(prob, unary, pairs, budget, limit, deadline, memo)
 
 
 def _solve_levels(
@@ -374,7 +368,7 @@ def _solve_levels(
         if tables is None:
             return None
         value = float(tables.total.min()) if tables.total.size else math.inf
-        return BudgetBound(value, budget, unit, cap, None, tables, levels)
+        return BudgetBound(value, budget, unit, cap, tables, levels)
     return None
 
 
@@ -409,7 +403,7 @@ def step_memory(model: ShardModel, step: int) -> StepMemory:
         else:
             key, m = ((u, step), mat) if u < step else ((step, u), mat.T)
             pairs[key] = pairs[key] + m if key in pairs else m
-    return StepMemory(step, unary, pairs, const)
+    return StepMemory(unary, pairs, const)
 
 
 def step_bytes(model: ShardModel, choice: list[int]) -> np.ndarray:
@@ -502,7 +496,7 @@ def combine(mems: list[StepMemory], scale: float = 1.0) -> StepMemory:
             unary[i] = unary[i] + scale * b if i in unary else scale * b
         for k, m in mem.pairs.items():
             pairs[k] = pairs[k] + scale * m if k in pairs else scale * m
-    return StepMemory(-1, unary, pairs, scale * sum(m.const for m in mems))
+    return StepMemory(unary, pairs, scale * sum(m.const for m in mems))
 
 
 def budget_units(
