@@ -42,6 +42,7 @@ from solver.sharding.budget import (
     min_sum,
     peak_bound,
     peak_dual_bound,
+    peak_values,
     step_bytes,
     step_memory,
     within_peak,
@@ -581,11 +582,8 @@ def _lean_by_peak(planner, model, prob, every, best: LeastMemory, deadline: floa
     needs = activation_needs(model, prob, deadline)
     wmin = prob.wconst + sum(float(w.min()) for w in prob.wbytes)
     weights = TimeTables(prob.sizes, prob.free, prob.wbytes, {}, prob.wconst)
-    values = {needs.floor}
-    for arr in [*needs.unary.values(), *needs.pairs.values()]:
-        values.update(float(q) for q in np.unique(arr) if q > needs.floor)
     lower = best.upper  # no plan needs more than the leanest found
-    for q in sorted(values):
+    for q in peak_values(prob, math.inf, needs):
         if q + wmin >= min(lower, best.upper):  # this peak and every larger one need more
             break
         allowed = within_peak(weights, needs, q)
