@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 
-from solver.cluster import load_cluster
-from solver.cost import evaluate, validate
-from solver.graph import Graph
-from solver.heuristics.slicing import slice_order
-from solver.methods import SolveOptions, solve
-from solver.workloads import layered_dag
+from solver.core.cluster import load_cluster
+from solver.core.cost import evaluate, validate
+from solver.core.graph import Graph
+from solver.frontends.workloads import layered_dag
+from solver.pipeline.heuristics.slicing import slice_order
+from solver.pipeline.registry import SolveOptions, solve
 
 
 def best_of(fn, repeat: int = 3) -> float:

@@ -15,8 +15,8 @@ import time
 
 from common import KNOWN, TRAINING, path
 
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, solve
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.registry import SolveOptions, solve
 
 
 def main() -> int:

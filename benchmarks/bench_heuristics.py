@@ -7,7 +7,8 @@ Prints the ratio of each method's objective to the known optimum and its wall ti
 geometric mean ratio per method. Every plan is re-evaluated by the one evaluator.
 
 With ``--large N`` it instead times every method on a generated N-node layered DAG
-(``solver.workloads.layered_dag``) at k = 1, 4 and 64: each must stop near ``--time-limit``
+(``solver.frontends.workloads.layered_dag``) at k = 1, 4 and 64: each must stop near
+``--time-limit``
 and return a plan (or refuse with a message, e.g. idealdp past its ideal cap).
 """
 
@@ -19,10 +20,10 @@ import time
 
 from common import KNOWN, path
 
-from solver.cost import evaluate, validate
-from solver.errors import MtppError
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, solve
+from solver.core.cost import evaluate, validate
+from solver.core.errors import MtppError
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.registry import SolveOptions, solve
 
 METHODS = ["uniform", "params", "time", "poprt", "poprt-opt", "slicegraph", "idealdp", "cpsat"]
 
@@ -67,8 +68,8 @@ def main() -> None:
 
 def large(n: int, time_limit: float) -> None:
     """Wall time of every method on an n-node layered DAG at k = 1, 4, 64 (bounded time)."""
-    from solver.graph import coarse_view
-    from solver.workloads import layered_dag
+    from solver.core.graph import coarse_view
+    from solver.frontends.workloads import layered_dag
 
     t0 = time.perf_counter()
     g = layered_dag(n)

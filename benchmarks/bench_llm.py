@@ -4,7 +4,8 @@
 
 Builds the Llama-2 7B / 70B shapes with sparse external weights (models/llama.py, never
 written: seconds and no disk), imports them, and for each (model, cluster, k) prints the
-universal bound (solver.cost.lower_bound), the certified bound (solver.bounds) with the bound
+universal bound (solver.core.cost.lower_bound), the certified bound (solver.pipeline.bounds) with
+the bound
 that binds, SliceGraph's objective within --time-limit, and both gaps, as a markdown table.
 Gap = (objective - bound) / objective. Runs one case at a time (the machine is shared).
 """
@@ -21,10 +22,10 @@ sys.path.insert(0, str(ROOT / "models"))
 
 import llama  # noqa: E402
 
-from solver.bounds import certified_lower_bound  # noqa: E402
-from solver.cost import lower_bound  # noqa: E402
-from solver.io import load_graph, resolve_cluster  # noqa: E402
-from solver.methods import SolveOptions, solve  # noqa: E402
+from solver.core.cost import lower_bound  # noqa: E402
+from solver.frontends import load_graph, resolve_cluster  # noqa: E402
+from solver.pipeline.bounds import certified_lower_bound  # noqa: E402
+from solver.pipeline.registry import SolveOptions, solve  # noqa: E402
 
 CASES = "7b:ipu-pod:4,7b:ipu-pod:16,7b:ipu-pod:64,70b:ipu-pod:16,70b:ipu-pod:64,70b:dgx-a100:8"
 

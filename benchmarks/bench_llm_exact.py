@@ -41,8 +41,8 @@ def model_path(preset: str, out_dir: Path) -> Path:
 
 CHILD = r"""
 import json, resource, sys, time
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, solve
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.registry import SolveOptions, solve
 
 path, cluster, k, limit, workers, mode = sys.argv[1:7]
 k, limit, workers = int(k), float(limit), int(workers)
@@ -50,9 +50,9 @@ g = load_graph(path, cluster=cluster, devices=k)
 c = resolve_cluster(g, cluster, k)
 out = {"nodes": g.n}
 if mode == "model":
-    from solver.exact.cpsat import _Model
-    from solver.graph import coarse_view
-    from solver.methods import quick_assignment
+    from solver.pipeline.exact.cpsat import _Model
+    from solver.core.graph import coarse_view
+    from solver.pipeline.registry import quick_assignment
     cg, labels = coarse_view(g)
     _, hint = quick_assignment(g, c)
     ch = hint[__import__("numpy").unique(labels, return_index=True)[1]]

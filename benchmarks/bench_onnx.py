@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx
 
-from solver.io import load_graph
+from solver.frontends import load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

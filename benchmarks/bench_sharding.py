@@ -28,12 +28,12 @@ import os
 import time
 from pathlib import Path
 
-from solver.cluster import load_cluster
-from solver.sharding.execute import verify
-from solver.sharding.mesh import Mesh
-from solver.sharding.model import from_proto
-from solver.sharding.program import Planner, evaluate
-from solver.sharding.propagate import propagate
+from solver.backends.spmd_execute import verify
+from solver.core.cluster import load_cluster
+from solver.spmd.mesh import Mesh
+from solver.spmd.model import from_proto
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.propagate import propagate
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -86,9 +86,9 @@ def run(model, conf: dict, devices: int, check: bool) -> dict:
 
 def exact_rows(name: str, model, devices: int, mesh, limit: str, time_limit: float) -> None:
     """cpsat, then the heuristics as ratios to its plan and to its bound."""
-    from solver.errors import MtppError
-    from solver.sharding.solve import solve_sharding
-    from solver.units import parse_quantity
+    from solver.core.errors import MtppError
+    from solver.core.units import parse_quantity
+    from solver.spmd.solve import solve_sharding
 
     sm = from_proto(model, {})
     load = os.getloadavg()[0]
@@ -125,7 +125,7 @@ def exact_rows(name: str, model, devices: int, mesh, limit: str, time_limit: flo
 
 def least_memory_bytes(model, devices: int) -> int:
     """The least memory per device any plan needs (proven: the limit of the tightest row)."""
-    from solver.sharding.lagrange import least_memory_plan
+    from solver.spmd.lagrange import least_memory_plan
 
     cluster = load_cluster(None, devices)
     mesh = Mesh((devices,), (cluster.link_bandwidth,), (cluster.link_latency,))

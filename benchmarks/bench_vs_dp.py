@@ -42,7 +42,7 @@ from pathlib import Path
 
 from common import GRAPHS, file_devices, path
 
-from solver.benchdata import known_optimum
+from solver.experiments.benchdata import known_optimum
 
 AGREE_RTOL = 1e-6
 DP_INFEASIBLE_MARK = "computed max load != max load from DP"  # its table holds 1e30

@@ -1,15 +1,15 @@
 """Shared bits of the benchmark scripts: where the dnn-partitioning graphs are, known optima.
 
 The data folder is ``$MTPP_BENCH``, else ../shared/benchmarks/dnn-partitioning beside the
-project (see :mod:`solver.benchdata`); the known optima are the package's one table.
+project (see :mod:`solver.experiments.benchdata`); the known optima are the package's one table.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from solver.benchdata import KNOWN_OPTIMA, benchmark_dir, graph_path
-from solver.io import load_graph, resolve_cluster
+from solver.experiments.benchdata import KNOWN_OPTIMA, benchmark_dir, graph_path
+from solver.frontends import load_graph, resolve_cluster
 
 KNOWN = {key: opt for key, (_, _, opt) in KNOWN_OPTIMA.items()}  # optimum at the file's k
 TRAINING = [

@@ -23,7 +23,8 @@ Every model has random (seeded) weights, runs in onnxruntime, and reports its ex
 count, which the tests compare with what the importer finds. Small variants are checked in
 under models/small/; larger ones are generated (models/generated/ is not committed).
 
-The builders live in the package (:mod:`solver.modelgen`, which ``generate:`` graphs of
+The builders live in the package (:mod:`solver.frontends.onnx.modelgen`, which ``generate:`` graphs
+of
 experiment configs use); this script is their command line.
 """
 
@@ -34,8 +35,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from solver.errors import MtppError
-from solver.modelgen import (  # noqa: F401 (Builder: for the tests)
+from solver.core.errors import MtppError
+from solver.core.units import format_bytes
+from solver.frontends.onnx.modelgen import (  # noqa: F401 (Builder: for the tests)
     BUILDERS,
     SMALL,
     Builder,
@@ -44,7 +46,6 @@ from solver.modelgen import (  # noqa: F401 (Builder: for the tests)
     estimate_size,
     save,
 )
-from solver.units import format_bytes
 
 
 def check_disk(out: Path, weight_bytes: int) -> None:

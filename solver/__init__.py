@@ -4,11 +4,11 @@ The import package is ``solver``; the command-line tool is ``mtpp``. Data flows 
 front end -> :class:`Graph` -> solver -> :class:`Plan` -> evaluator / simulator / exporter.
 """
 
-from solver.cluster import Cluster, load_cluster
-from solver.cost import evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.graph import Graph
-from solver.plan import Plan
+from solver.core.cluster import Cluster, load_cluster
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.pipeline.plan import Plan
 
 __version__ = "0.1.0"
 __all__ = [

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from solver import benchdata
-from solver.cluster import Cluster
-from solver.graph import Graph
+from solver.core.cluster import Cluster
+from solver.core.graph import Graph
+from solver.experiments import benchdata
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

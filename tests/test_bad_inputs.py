@@ -22,7 +22,7 @@ import pytest
 
 from solver.cli import main
 from solver.cli.common import print_json
-from solver.files import read_json, write_json_atomic
+from solver.core.files import read_json, write_json_atomic
 
 from .badinput import assert_refused
 
@@ -372,12 +372,12 @@ def test_control_characters_in_an_error_stay_on_one_line(tmp_path, capsys):
 def test_internal_error_is_one_line_and_a_saved_trace(graph, tmp_path, capsys, monkeypatch):
     import tempfile
 
-    import solver.io
+    import solver.frontends
 
     def broken(*args, **kwargs):
         raise ValueError("boom\nsecond line")
 
-    monkeypatch.setattr(solver.io, "load_graph", broken)
+    monkeypatch.setattr(solver.frontends, "load_graph", broken)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     capsys.readouterr()
     assert main(["inspect", str(graph)]) == 3
@@ -399,12 +399,12 @@ def test_internal_error_is_one_line_and_a_saved_trace(graph, tmp_path, capsys, m
     ],
 )
 def test_memory_and_recursion_errors(exc, code, match, graph, capsys, monkeypatch):
-    import solver.io
+    import solver.frontends
 
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(solver.io, "load_graph", broken)
+    monkeypatch.setattr(solver.frontends, "load_graph", broken)
     capsys.readouterr()
     assert main(["inspect", str(graph)]) == code
     err = capsys.readouterr().err
@@ -572,8 +572,8 @@ def test_output_paths_that_cannot_be_written(graph, tmp_path, capsys, monkeypatc
         assert_refused(capsys, [*opt, long], r"longer than \d+ bytes", watch=tmp_path)
         assert_refused(capsys, [*opt, "fifo"], r"fifo: not a regular file", watch=tmp_path)
     assert_refused(capsys, ["solve", graph, "-q", "--out", "x/"], r"names a folder", tmp_path)
-    from solver.errors import MtppError
-    from solver.files import check_output_dir
+    from solver.core.errors import MtppError
+    from solver.core.files import check_output_dir
 
     for out, match in (("", "path is empty"), ("b" * 300, "longer than")):
         with pytest.raises(MtppError, match=match):

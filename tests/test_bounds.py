@@ -1,4 +1,5 @@
-"""Certified lower bounds (solver.bounds): never above the brute-force optimum, and tight where
+"""Certified lower bounds (solver.pipeline.bounds): never above the brute-force optimum, and tight
+where
 the universal averaging bound is not (exact values on hand-checked instances)."""
 
 from __future__ import annotations
@@ -13,19 +14,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.bounds import certified_lower_bound
-from solver.bounds.chain import bins_needed, chain_bound, separators, work_chain_bound
-from solver.bounds.chain_io import Chain, bins_needed_io, chain_io_bound, gap_subset_sums
-from solver.bounds.decision import decision_bound, work_packing_bound
-from solver.bounds.items import items
-from solver.bounds.node_block import cut_network, min_block_cost, node_block_bound, own_overflow
-from solver.bounds.packing import cannot_pack, smallest_capacity
-from solver.bounds.weights import capacity_infeasible, least_work_for_bytes, weights_bound
-from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound, validate
-from solver.exact.brute import brute_force
-from solver.graph import Graph, coarse_view
-from solver.io import load_graph, resolve_cluster
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.graph import Graph, coarse_view
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.bounds import certified_lower_bound
+from solver.pipeline.bounds.chain import bins_needed, chain_bound, separators, work_chain_bound
+from solver.pipeline.bounds.chain_io import Chain, bins_needed_io, chain_io_bound, gap_subset_sums
+from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
+from solver.pipeline.bounds.items import items
+from solver.pipeline.bounds.node_block import (
+    cut_network,
+    min_block_cost,
+    node_block_bound,
+    own_overflow,
+)
+from solver.pipeline.bounds.packing import cannot_pack, smallest_capacity
+from solver.pipeline.bounds.weights import capacity_infeasible, least_work_for_bytes, weights_bound
+from solver.pipeline.exact.brute import brute_force
 
 from .conftest import KNOWN_OPTIMA, ROOT, bench_path, problems, scaled_examples
 
@@ -247,7 +253,7 @@ def test_llama_generator_sparse_external_weights(tmp_path):
     assert llama.LlamaShape(**llama.PRESETS["7b"]).param_count() == 6_738_415_616
     assert data.stat().st_size >= 2 * 6_738_415_616
     assert data.stat().st_blocks * 512 < 1 << 20  # a hole, not 13 GB on disk
-    from solver.io import load_graph
+    from solver.frontends import load_graph
 
     g = load_graph(big, cluster="ipu-pod", devices=16)
     # fp16 weights plus the stored fp16 constants (rotary cos and sin, causal mask: 128 x 128)
@@ -274,8 +280,8 @@ def test_evaluate_agrees_with_chain_example():
 
 # ---------------------------------------------------------------------- the exact ideal DP
 def _dp(g, c):
-    from solver.graph import coarse_view
-    from solver.heuristics.chain_ideals import chain_ideal_dp
+    from solver.core.graph import coarse_view
+    from solver.pipeline.dp.chain_ideals import chain_ideal_dp
 
     cg, labels = coarse_view(g)
     res = chain_ideal_dp(cg, c, c.devices, 0.0, 60.0)
@@ -285,7 +291,7 @@ def _dp(g, c):
 def _check_dp_against_brute_force(g, c):
     """The DP's plan is optimal, its bound proves it and never exceeds the optimum, and its
     tie-break plan sends the fewest bytes (then has the lowest latency) among optimal plans."""
-    from solver.exact.brute import all_assignments
+    from solver.pipeline.exact.brute import all_assignments
 
     truth = brute_force(g, c)
     res, a = _dp(g, c)
@@ -395,7 +401,7 @@ def test_ideal_dp_proves_what_the_relaxations_cannot():
 def test_ideal_dp_meets_the_known_optimum_of_bert_l12():
     # an independent check on a real operator graph (783 nodes, 424 coarse, k = 6): the DP's
     # plan and bound both equal the optimum the dnn-partitioning paper's MIP proved
-    from solver.io import load_graph, resolve_cluster
+    from solver.frontends import load_graph, resolve_cluster
 
     key = "OperatorGraphs/bert_l-12_inference"
     g = load_graph(str(bench_path(key)))

@@ -1,4 +1,5 @@
-"""The group-labelled chain bound (solver/bounds/chain_groups.py) on clusters of groups with a
+"""The group-labelled chain bound (solver/pipeline/bounds/chain_groups.py) on clusters of groups
+with a
 slow link between them: never above the optimum over every plan and every placement (brute
 force), exact on a hand-checked chain where the relaxation's bounds are not."""
 
@@ -10,12 +11,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.bounds.chain_groups import group_chain_bound
-from solver.bounds.topology import topology_bound
-from solver.cluster import Cluster, Topology
-from solver.exact.brute import brute_force
-from solver.graph import Graph
-from solver.methods import certified_bound
+from solver.core.cluster import Cluster, Topology
+from solver.core.graph import Graph
+from solver.pipeline.bounds.chain_groups import group_chain_bound
+from solver.pipeline.bounds.topology import topology_bound
+from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.registry import certified_bound
 
 from .conftest import problems, scaled_examples
 

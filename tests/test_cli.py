@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from solver.cli import main
-from solver.plan import OPTIMAL
+from solver.pipeline.plan import OPTIMAL
 
 from .conftest import bench_path
 
@@ -285,12 +285,12 @@ def test_tables_fit_a_recorded_80_column_console(long_names, tmp_path, capsys):
 
     from rich.console import Console
 
+    from solver.backends.simulate import simulate
     from solver.cli.inspect_graph import print_inspect
     from solver.cli.simulate import print_simulation
     from solver.cli.solve import _print_plan
-    from solver.io import load_graph, resolve_cluster
-    from solver.methods import SolveOptions, solve
-    from solver.simulate import simulate
+    from solver.frontends import load_graph, resolve_cluster
+    from solver.pipeline.registry import SolveOptions, solve
 
     g = load_graph(str(long_names))
     cluster = resolve_cluster(g, None, None)

@@ -15,8 +15,8 @@ import yaml
 
 from solver.cli import main
 from solver.cli.plan_files import cluster_difference
-from solver.cluster import Cluster, Topology, load_cluster
-from solver.modelgen import transformer
+from solver.core.cluster import Cluster, Topology, load_cluster
+from solver.frontends.onnx.modelgen import transformer
 
 from .badinput import assert_refused
 

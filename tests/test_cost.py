@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, batch_costs
-from solver.graph import Graph
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.pipeline.exact.brute import all_assignments, batch_costs
 
 from .conftest import problems, scaled_examples
 

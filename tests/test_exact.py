@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, batch_costs, brute_force
-from solver.exact.cpsat import (
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.exact.brute import all_assignments, batch_costs, brute_force
+from solver.pipeline.exact.cpsat import (
     STOPPED_INCUMBENT,
     STOPPED_WARM,
     CpsatOptions,
     meets_bound,
     solve_cpsat,
 )
-from solver.graph import Graph
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, quick_assignment, solve
-from solver.plan import OPTIMAL
+from solver.pipeline.plan import OPTIMAL
+from solver.pipeline.registry import SolveOptions, quick_assignment, solve
 
 from .conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
@@ -130,11 +130,11 @@ def test_cpsat_reproduces_known_optima(key):
 
 
 def test_every_cpsat_solver_keeps_the_presolve_guard():
-    """solver.exact.sat makes every CP-SAT solver of the project (pipeline, tie-break, sharding,
+    """solver.core.sat makes every CP-SAT solver of the project (pipeline, tie-break, sharding,
     packing bound): google/or-tools#5293's presolve step off, then the given parameters."""
     import os
 
-    from solver.exact.sat import new_solver, search_params
+    from solver.core.sat import new_solver, search_params
 
     params = search_params(0, 7, gap=0.01)
     assert params == {
@@ -212,7 +212,7 @@ def test_cpsat_stops_at_the_first_incumbent_that_meets_the_bound():
 def test_cpsat_stops_on_a_placed_incumbent_too():
     """Two hosts (the model also chooses each block's device): the callback reads the placement
     and re-evaluates the plan on it before stopping."""
-    from solver.cluster import Topology
+    from solver.core.cluster import Topology
 
     topo = Topology(((0, 1), (2, 3)), ("h0", "h1"), ((8.0, 0.0), (8.0, 0.0)), (1.0, 0.0))
     c = Cluster("two", 4, compute=1.0, link_bandwidth=8.0, topology=topo)

@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from solver.cluster import Cluster
-from solver.cost import evaluate, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, brute_force
-from solver.exact.cpsat import CpsatOptions, _Model, solve_cpsat
-from solver.exact.tiebreak import (
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.exact.brute import all_assignments, brute_force
+from solver.pipeline.exact.cpsat import CpsatOptions, _Model, solve_cpsat
+from solver.pipeline.exact.tiebreak import (
     TIE_BREAK_MAIN_SHARE,
     TIE_BREAK_MIN_SECONDS,
     TIE_BREAK_SHARE,
     tie_break,
     tie_break_budget,
 )
-from solver.graph import Graph, coarse_view
-from solver.methods import SolveOptions, quick_assignment, solve
-from solver.plan import OPTIMAL
+from solver.pipeline.plan import OPTIMAL
+from solver.pipeline.registry import SolveOptions, quick_assignment, solve
 
 from .badinput import assert_refused
 from .conftest import problems, scaled_examples

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from solver.cli import main
-from solver.errors import MtppError
-from solver.experiments import load_config, run_experiment
+from solver.core.errors import MtppError
+from solver.experiments.driver import load_config, run_experiment
 
 from .conftest import bench_path
 from .experiment_helpers import write
@@ -52,7 +52,7 @@ def test_run_reports_and_resume(tmp_path):
         if r["method"] == "cpsat":
             assert r["status"] == "OPTIMAL" and float(r["ratio_to_exact"]) == pytest.approx(1)
         # cpsat proves every optimum; a heuristic whose plan meets the certified bound
-        # (solver.bounds) proves it too. Self-proved: this method is the only prover.
+        # (solver.pipeline.bounds) proves it too. Self-proved: this method is the only prover.
         assert r["exact_source"].startswith("OPTIMAL: ")
         provers = set(r["exact_source"].removeprefix("OPTIMAL: ").split(", "))
         assert "cpsat" in provers

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from solver.errors import MtppError
-from solver.experiment_reports import joint_markdown, joint_wins
-from solver.experiments import expand, load_config, run_experiment
+from solver.core.errors import MtppError
+from solver.experiments.driver import expand, load_config, run_experiment
+from solver.experiments.reports import joint_markdown, joint_wins
 from solver.joint import load_joint_plan
 
 from .badinput import assert_refused

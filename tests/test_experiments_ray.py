@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import solver.experiment_ray as er
-import solver.experiments as ex
-from solver.errors import MtppError
-from solver.io import load_graph
-from solver.plan import ERROR, FEASIBLE, OPTIMAL
+import solver.experiments.driver as ex
+import solver.experiments.ray_backend as er
+from solver.core.errors import MtppError
+from solver.frontends import load_graph
+from solver.pipeline.plan import ERROR, FEASIBLE, OPTIMAL
 
 from .badinput import assert_refused
 from .conftest import bench_path
@@ -100,7 +100,7 @@ def test_a_run_that_raises_is_recorded_as_failed_and_files_come_by_object_store(
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def raise_on_uniform(desc, gs_data, graph, cluster, workers):
-        from solver.experiments import solve_run as real
+        from solver.experiments.driver import solve_run as real
 
         if desc["method"] == "uniform":
             raise RuntimeError(f"boom on {desc['devices']}")
@@ -148,7 +148,7 @@ def test_a_run_that_hangs_times_out_and_a_lost_worker_is_recorded(
     def hang_or_die(desc, gs_data, graph, cluster, workers):
         import os
 
-        from solver.experiments import solve_run as real
+        from solver.experiments.driver import solve_run as real
 
         if desc["method"] == "uniform":
             time.sleep(600)
@@ -186,7 +186,7 @@ def test_interrupted_ray_sweep_keeps_finished_runs_and_resume_does_only_the_rest
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def slow_unless_time(desc, gs_data, graph, cluster, workers):
-        from solver.experiments import solve_run as real
+        from solver.experiments.driver import solve_run as real
 
         if desc["method"] != "time":
             time.sleep(120)  # still running when the driver is interrupted
@@ -254,7 +254,7 @@ def test_cpus_per_run_come_from_the_config_and_the_nodes(
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def note_workers(desc, gs_data, graph, cluster, workers):
-        from solver.experiments import solve_run as real
+        from solver.experiments.driver import solve_run as real
 
         return dict(real(desc, gs_data, graph, cluster, workers), cpus=workers)
 
@@ -328,7 +328,7 @@ def test_address_in_the_config_is_used_and_checked(tmp_path, capsys):
 
 # ---------------------------------------------------------------------- progress
 def test_progress_counts_runs_failures_and_time_left(capsys, monkeypatch):
-    from solver import experiment_progress as ep
+    from solver.experiments import progress as ep
 
     clock = iter([100.0, 100.0, 110.0, 130.0])  # start, then after each finished run
     monkeypatch.setattr(ep.time, "perf_counter", lambda: next(clock))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import solver.experiments as ex
-from solver import benchdata
-from solver.errors import MtppError
-from solver.plan import ERROR, FEASIBLE, INVALID, OPTIMAL
+import solver.experiments.driver as ex
+from solver.core.errors import MtppError
+from solver.experiments import benchdata
+from solver.pipeline.plan import ERROR, FEASIBLE, INVALID, OPTIMAL
 
 from .badinput import assert_refused
 from .conftest import bench_path
@@ -189,8 +189,8 @@ def test_two_unnamed_inline_clusters_keep_separate_records(tmp_path):
 
 
 def test_run_ids_follow_file_content_not_file_name(tmp_path):
-    from solver.io.native import to_dict
-    from solver.workloads import layered_dag
+    from solver.frontends.native import to_dict
+    from solver.frontends.workloads import layered_dag
 
     for sub, n in (("a", 20), ("b", 21)):
         (tmp_path / sub).mkdir()

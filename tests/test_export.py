@@ -11,14 +11,15 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from solver.backends import export as onnx_export
+from solver.backends.export import compare_output, export_plan
+from solver.backends.simulate import simulate
 from solver.cli import main
-from solver.cluster import load_cluster
-from solver.cost import evaluate
-from solver.heuristics.manual import manual_assignment, parse_sharding
-from solver.io import load_graph, onnx_export
-from solver.io.onnx_export import compare_output, export_plan
-from solver.methods import SolveOptions, solve
-from solver.simulate import simulate
+from solver.core.cluster import load_cluster
+from solver.core.cost import evaluate
+from solver.frontends import load_graph
+from solver.pipeline.heuristics.manual import manual_assignment, parse_sharding
+from solver.pipeline.registry import SolveOptions, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -93,7 +94,7 @@ def test_export_refuses_non_onnx_and_backward_plans(tmp_path, capsys):
     g = load_graph(ROOT / "models/small/unet.onnx")
     a = np.zeros(g.n, dtype=int)
     a[g.topo_order[: g.n // 2]] = 1  # the first half after the second: backwards
-    from solver.errors import MtppError
+    from solver.core.errors import MtppError
 
     with pytest.raises(MtppError, match="later device"):
         export_plan(ROOT / "models/small/unet.onnx", g, a, tmp_path / "bad")
@@ -271,7 +272,7 @@ def test_integer_outputs_are_compared_exactly_by_default(tmp_path, capsys):
 
 
 def test_default_tolerance_by_type():
-    from solver.io.onnx_export import default_tolerance
+    from solver.backends.export import default_tolerance
 
     T = TensorProto
     assert [default_tolerance(t) for t in (T.FLOAT, T.DOUBLE, T.COMPLEX64)] == [1e-4] * 3

@@ -18,11 +18,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from solver.backends import export as onnx_export
+from solver.backends.export import copy_range, export_plan
 from solver.cli import main
-from solver.cluster import load_cluster
-from solver.io import load_graph, onnx_export
-from solver.io.onnx_export import copy_range, export_plan
-from solver.methods import solve
+from solver.core.cluster import load_cluster
+from solver.frontends import load_graph
+from solver.pipeline.registry import solve
 
 from .badinput import assert_refused
 
@@ -203,10 +204,10 @@ MEDIUM = dict(layers=4, hidden=2048, mlp=5632, heads=16, kv_heads=16, vocab=3200
 PROBE = textwrap.dedent(
     """
     import json, resource, sys
-    from solver.cluster import load_cluster
-    from solver.io import load_graph
-    from solver.io.onnx_export import export_plan
-    from solver.methods import solve
+    from solver.core.cluster import load_cluster
+    from solver.frontends import load_graph
+    from solver.backends.export import export_plan
+    from solver.pipeline.registry import solve
 
     model, out = sys.argv[1], sys.argv[2]
     g = load_graph(model)
@@ -271,7 +272,7 @@ def test_verify_refuses_beyond_available_memory_unless_told(
     tiny_cli, tmp_path, capsys, monkeypatch
 ):
     path, plan = tiny_cli
-    monkeypatch.setattr("solver.io.onnx_ort.available_memory", lambda: 1 << 10)
+    monkeypatch.setattr("solver.frontends.onnx.ort.available_memory", lambda: 1 << 10)
     out = tmp_path / "out"
     argv = ["export", path, plan, "--out", out, "-k", "3", "--verify", "--tolerance", "0.01"]
     assert_refused(
@@ -307,7 +308,7 @@ def test_run_works_on_external_data_and_refuses_beyond_memory(
     out = json.loads(capsys.readouterr().out)
     assert out["stages"] == 3 and out["inputs"] == {"input_ids": [1, 8]}
     assert out["measured"]["throughput"] > 0 and out["unsplit"]["throughput"] > 0
-    monkeypatch.setattr("solver.io.onnx_ort.available_memory", lambda: 1 << 10)
+    monkeypatch.setattr("solver.frontends.onnx.ort.available_memory", lambda: 1 << 10)
     assert_refused(
         capsys,
         argv,

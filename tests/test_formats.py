@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from solver.cluster import load_cluster
-from solver.cost import evaluate
-from solver.errors import MtppError
-from solver.files import read_yaml
-from solver.io import load_graph, resolve_cluster
-from solver.units import parse_quantity
+from solver.core.cluster import load_cluster
+from solver.core.cost import evaluate
+from solver.core.errors import MtppError
+from solver.core.files import read_yaml
+from solver.core.units import parse_quantity
+from solver.frontends import load_graph, resolve_cluster
 
 from .conftest import bench_path
 

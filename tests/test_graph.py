@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from solver.cost import evaluate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments
-from solver.graph import Graph, coarse_view, contract, induced_subgraph
-from solver.io import native
+from solver.core.cost import evaluate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph, coarse_view, contract, induced_subgraph
+from solver.frontends import native
+from solver.pipeline.exact.brute import all_assignments
 
 from .conftest import problems, scaled_examples
 

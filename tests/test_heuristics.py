@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.cost import evaluate, validate
-from solver.errors import MtppError
-from solver.exact.brute import brute_force
-from solver.graph import coarse_view
-from solver.heuristics.orders import depth_first_order, priority_order
-from solver.heuristics.slicing import linear_partition, slice_order
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, solve
-from solver.plan import OPTIMAL
+from solver.core.cost import evaluate, validate
+from solver.core.errors import MtppError
+from solver.core.graph import coarse_view
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.heuristics.orders import depth_first_order, priority_order
+from solver.pipeline.heuristics.slicing import linear_partition, slice_order
+from solver.pipeline.plan import OPTIMAL
+from solver.pipeline.registry import SolveOptions, solve
 
 from .conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 

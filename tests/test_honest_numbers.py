@@ -11,20 +11,20 @@ import time
 import numpy as np
 import pytest
 
-import solver.methods as methods
+import solver.pipeline.registry as methods
 from solver.cli import main
-from solver.cluster import Cluster
-from solver.cost import evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.exact.brute import brute_force
-from solver.exact.cpsat import CpsatOptions, solve_cpsat
-from solver.graph import Graph, coarse_view
-from solver.heuristics.brkga import BrkgaOptions, brkga
-from solver.heuristics.idealdp import enumerate_ideals
-from solver.heuristics.slicing import SliceTimeout, slice_order, slice_table_bytes
-from solver.methods import SolveOptions, estimate_bytes, quick_assignment, solve
-from solver.plan import FEASIBLE, INVALID, OPTIMAL, InvalidBoundError, make_plan
-from solver.workloads import layered_dag
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph, coarse_view
+from solver.frontends.workloads import layered_dag
+from solver.pipeline.dp.ideals import enumerate_ideals
+from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.pipeline.heuristics.brkga import BrkgaOptions, brkga
+from solver.pipeline.heuristics.slicing import SliceTimeout, slice_order, slice_table_bytes
+from solver.pipeline.plan import FEASIBLE, INVALID, OPTIMAL, InvalidBoundError, make_plan
+from solver.pipeline.registry import SolveOptions, estimate_bytes, quick_assignment, solve
 
 from .badinput import assert_refused
 
@@ -141,7 +141,7 @@ def test_rounding_never_hides_a_cpsat_proof():
     )
     # a larger certified bound (still below the objective) must not undo that proof: the plan
     # keeps OPTIMAL within the same resolution, with the certified bound as the binding one
-    from solver.bounds import BoundReport
+    from solver.pipeline.bounds import BoundReport
 
     mid = (plan.objective + plan.lower_bound) / 2
     out = methods.certify(g, c, plan, BoundReport(mid, "chain io", {"chain io": mid}, 0.0))
@@ -187,15 +187,15 @@ def test_evaluate_accepts_optimal_within_the_resolution(tmp_path, capsys):
 def universal_only(monkeypatch):
     """The certified bounds replaced by the universal bound alone: on CHAIN it does not prove
     the optimum (1.5 < 2.1), so the tests below see plans whose status rests on a claim."""
-    import solver.methods
-    from solver.bounds import BoundReport
-    from solver.cost import lower_bound
+    import solver.pipeline.registry
+    from solver.core.cost import lower_bound
+    from solver.pipeline.bounds import BoundReport
 
     def universal(g, cluster, time_limit, target=None):
         v = float(lower_bound(g, cluster))
         return BoundReport(v, "universal", {"universal": v}, 0.0)
 
-    monkeypatch.setattr(solver.methods, "certified_bound", universal)
+    monkeypatch.setattr(solver.pipeline.registry, "certified_bound", universal)
 
 
 def test_evaluate_recomputes_the_certified_bound(tmp_path, capsys):
@@ -448,7 +448,7 @@ def heavy_dag(seed: int, n: int = 30, heavy: bool = True) -> Graph:
 
 
 def two_hosts() -> Cluster:
-    from solver.cluster import Topology
+    from solver.core.cluster import Topology
 
     topo = Topology(((0, 1), (2, 3)), ("h0", "h1"), ((8.0, 0.0), (8.0, 0.0)), (1.0, 0.0))
     return Cluster("two", 4, compute=1.0, link_bandwidth=8.0, topology=topo)

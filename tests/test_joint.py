@@ -13,17 +13,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
-from solver.cluster import Cluster, Topology, load_cluster
-from solver.errors import MtppError
+from solver.core.cluster import Cluster, Topology, load_cluster
+from solver.core.errors import MtppError
 from solver.joint import JointPlan, load_joint_plan, plan_joint
 from solver.joint.plan import StageSpec, price_stages, save_joint_plan
 from solver.joint.segment import crossing, cut_points, make_segment
 from solver.joint.submesh import candidates, sub_cluster
-from solver.plan import OPTIMAL
-from solver.sharding.mesh import Mesh, make_mesh, mesh_on
-from solver.sharding.model import from_proto
-from solver.sharding.patterns import megatron_plan
-from solver.sharding.program import Planner, evaluate
+from solver.pipeline.plan import OPTIMAL
+from solver.spmd.mesh import Mesh, make_mesh, mesh_on
+from solver.spmd.model import from_proto
+from solver.spmd.patterns import megatron_plan
+from solver.spmd.program import Planner, evaluate
 
 from .badinput import assert_refused
 
@@ -127,7 +127,7 @@ def test_segment_inputs_outputs_and_whole_model_cost():
 
 
 def test_repeated_layers_give_equal_segments():
-    from solver.modelgen import transformer
+    from solver.frontends.onnx.modelgen import transformer
 
     m, _ = transformer(layers=3, hidden=32, heads=2, seq=8, vocab=50)
     sm = from_proto(m, {})
@@ -362,7 +362,7 @@ def test_bad_plan_files_are_refused(small_plan, tmp_path, edit, match):
 def test_embedding_larger_than_memory_on_two_dgx(tmp_path, capsys):
     """Issue 14: pure pipeline refused naming the Gather; pure sharding works; joint at
     least as fast, certified within 1%."""
-    from solver.modelgen import transformer
+    from solver.frontends.onnx.modelgen import transformer
 
     m, _ = transformer(layers=1, hidden=16, heads=2, seq=4, vocab=16384, seed=3)
     path = tmp_path / "emb.onnx"
@@ -389,7 +389,7 @@ def test_embedding_larger_than_memory_on_two_dgx(tmp_path, capsys):
 
 def test_transformer_on_two_hosts_of_four():
     """Joint is never worse than pure pipeline or pure sharding (both are in its space)."""
-    from solver.modelgen import transformer
+    from solver.frontends.onnx.modelgen import transformer
 
     topo = Topology(
         ((0, 1, 2, 3), (4, 5, 6, 7)), ("a", "b"), ((300e9, 0.0), (300e9, 0.0)), (25e9, 5e-6)
@@ -465,8 +465,8 @@ def test_old_universal_bound_assumption_holds_for_todays_rules():
     and FLOP conventions (so the old bound was valid), but nothing enforced it: the new bound
     does not use it. With it, the new bound is the larger of the old total and the heaviest
     operator's least time."""
+    from solver.frontends.onnx.modelgen import resnet, transformer
     from solver.joint.planner import op_work, universal_bound
-    from solver.modelgen import resnet, transformer
 
     c = Cluster("c", 8, compute=1e12, memory_bandwidth=1e11)
     for m in (
@@ -487,10 +487,10 @@ def test_old_universal_bound_assumption_holds_for_todays_rules():
 
 def test_split_tuples_are_the_candidates_of_every_mesh_size():
     """Every split any stage of <= k devices can run is enumerated, and nothing else."""
+    from solver.frontends.onnx.modelgen import transformer
     from solver.joint.planner import split_tuples
-    from solver.modelgen import transformer
-    from solver.sharding.rules import candidates as rule_candidates
-    from solver.sharding.rules import op_spec
+    from solver.spmd.rules import candidates as rule_candidates
+    from solver.spmd.rules import op_spec
 
     sm = from_proto(transformer(layers=1, hidden=24, heads=2, seq=6, vocab=30, batch=2)[0], {})
     for op in sm.ops:
@@ -676,7 +676,7 @@ def test_plan_from_python_names_its_model_for_simulate(tmp_path, capsys):
 # ---------------------------------------------------------------------- time limit and seeds
 def _two_by_four_transformer():
     """A random-weight 2-layer transformer on two hosts of four devices (slow link between)."""
-    from solver.modelgen import transformer
+    from solver.frontends.onnx.modelgen import transformer
 
     topo = Topology(
         ((0, 1, 2, 3), (4, 5, 6, 7)), ("a", "b"), ((300e9, 0.0), (300e9, 0.0)), (25e9, 5e-6)
@@ -692,7 +692,7 @@ def test_joint_stopped_after_its_first_plans_is_no_worse_than_either_sub_space(m
     """The clock runs out right after the first incumbents: joint still holds the better of
     the pure pipeline and pure sharding plans, exactly what those searches hold then."""
     from solver.joint import planner
-    from solver.plan import FEASIBLE
+    from solver.pipeline.plan import FEASIBLE
 
     now = [0.0]
     monkeypatch.setattr(planner, "_clock", lambda: now[0])
@@ -736,7 +736,7 @@ def test_search_stops_at_its_deadline_and_gives_exact_solves_only_the_time_left(
     """A clock that advances with every look: pricing stops at the deadline, each exact solve
     gets at most the time left, and the search returns once the deadline has passed."""
     from solver.joint import planner
-    from solver.sharding import solve as solve_mod
+    from solver.spmd import solve as solve_mod
 
     now = [0.0]
 
@@ -802,8 +802,8 @@ def test_an_exact_solve_that_ran_out_of_time_is_retried_with_more(monkeypatch):
     with a gap, and ends OPTIMAL at the brute-force optimum."""
     import dataclasses
 
-    from solver.plan import FEASIBLE
-    from solver.sharding import solve as solve_mod
+    from solver.pipeline.plan import FEASIBLE
+    from solver.spmd import solve as solve_mod
 
     real = solve_mod.solve_sharding
     calls: dict[tuple, list[float]] = {}
@@ -838,8 +838,8 @@ def test_without_retries_the_unproven_solves_leave_a_gap(monkeypatch):
     import dataclasses
 
     from solver.joint import planner
-    from solver.plan import FEASIBLE
-    from solver.sharding import solve as solve_mod
+    from solver.pipeline.plan import FEASIBLE
+    from solver.spmd import solve as solve_mod
 
     real = solve_mod.solve_sharding
 

@@ -9,18 +9,18 @@ import math
 import onnx
 import pytest
 
+from solver.backends.export_joint import check_stages, stage_programs, verify_chain
+from solver.backends.simulate_joint import simulate_joint
 from solver.cli import main
-from solver.cluster import Cluster, Topology
-from solver.errors import MtppError
-from solver.joint.export import check_stages, stage_programs, verify_chain
+from solver.core.cluster import Cluster, Topology
+from solver.core.errors import MtppError
+from solver.frontends.onnx.modelgen import transformer
 from solver.joint.plan import JointPlan, StageSpec, price_stages, save_joint_plan
 from solver.joint.segment import make_segment, tensor_bytes
-from solver.joint.simulate import simulate_joint
 from solver.joint.submesh import sub_cluster
-from solver.modelgen import transformer
-from solver.plan import FEASIBLE
-from solver.sharding.model import load_model
-from solver.sharding.solve import solve_sharding
+from solver.pipeline.plan import FEASIBLE
+from solver.spmd.model import load_model
+from solver.spmd.solve import solve_sharding
 
 from .badinput import assert_refused
 
@@ -193,8 +193,8 @@ def test_plans_that_do_not_fit_the_model_are_refused(model):
 # ---------------------------------------------------------------------- verification
 def _drop_a_reduction(program) -> str:
     """Replace one redistribution that sums partial sums by a plain slice (a wrong program)."""
-    from solver.sharding.mesh import Layout
-    from solver.sharding.redistribute import Redistribution, Step
+    from solver.spmd.mesh import Layout
+    from solver.spmd.redistribute import Redistribution, Step
 
     for key, r in program.redists.items():
         if r.steps and r.src.partial:
@@ -249,7 +249,7 @@ def test_cli_simulate_a_joint_plan_alone_and_with_its_model(files, capsys, tmp_p
 
 
 def test_cli_export_verify_round_trips(files, capsys, tmp_path):
-    from solver.sharding.config import from_attributes, read_config
+    from solver.spmd.config import from_attributes, read_config
 
     path, jp, plan = files
     out = tmp_path / "stages"
@@ -272,7 +272,7 @@ def test_cli_export_verify_round_trips(files, capsys, tmp_path):
 
 
 def test_cli_export_verify_fails_naming_the_stage(files, capsys, tmp_path, monkeypatch):
-    import solver.joint.export as jx
+    import solver.backends.export_joint as jx
 
     path, jp, _ = files
     real = jx._written_programs
@@ -432,7 +432,7 @@ def test_export_keeps_external_weights_by_reference(model, capsys, tmp_path):
 
 def test_verify_refuses_beyond_available_memory_unless_told(files, capsys, tmp_path, monkeypatch):
     path, jp, _ = files
-    monkeypatch.setattr("solver.io.onnx_ort.available_memory", lambda: 1 << 10)
+    monkeypatch.setattr("solver.frontends.onnx.ort.available_memory", lambda: 1 << 10)
     out = tmp_path / "stages"
     argv = ["export", str(path), str(jp), "--out", str(out), "--verify"]
     assert_refused(capsys, argv, r"--verify .* needs about .* --verify-memory-ok", watch=tmp_path)

@@ -13,12 +13,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from solver.backends.export_joint import compare, default_tolerance, export_joint
 from solver.cli import main
-from solver.joint.export import compare, default_tolerance, export_joint
+from solver.frontends.onnx.modelgen import transformer
 from solver.joint.plan import save_joint_plan
-from solver.modelgen import transformer
-from solver.sharding.config import from_attributes
-from solver.sharding.model import load_model
+from solver.spmd.config import from_attributes
+from solver.spmd.model import load_model
 
 from .badinput import assert_refused
 from .test_joint_checks import build_plan, halves, two_groups

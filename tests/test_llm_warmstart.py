@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from solver.bounds.combine import ideal_chain
-from solver.cost import evaluate, validate
-from solver.exact.cpsat import CpsatOptions, solve_cpsat
-from solver.graph import coarse_view
-from solver.heuristics.chain_ideals import chain_ideal_dp
-from solver.io import load_graph, resolve_cluster
-from solver.methods import SolveOptions, quick_assignment, solve
-from solver.plan import OPTIMAL
+from solver.core.cost import evaluate, validate
+from solver.core.graph import coarse_view
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.bounds.combine import ideal_chain
+from solver.pipeline.dp.chain_ideals import chain_ideal_dp
+from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.pipeline.plan import OPTIMAL
+from solver.pipeline.registry import SolveOptions, quick_assignment, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))

@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from solver.io import load_graph
-from solver.io.onnx_profile import random_inputs
+from solver.frontends import load_graph
+from solver.frontends.onnx.profile import random_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("mtpp_models_build", ROOT / "models" / "build.py")
@@ -134,7 +134,7 @@ def test_bert_large_is_refused_only_where_it_does_not_fit(tmp_path, monkeypatch,
     assert size.weight_floats == 304_516_096  # the builder's exact count (vocab 1000)
     assert size.memory(external=False) < 8 * 2**30
     assert size.memory(external=True) < 400 * 2**20  # one tensor at a time
-    monkeypatch.setattr("solver.modelgen.available_memory", lambda: 2 * 2**30)
+    monkeypatch.setattr("solver.frontends.onnx.modelgen.available_memory", lambda: 2 * 2**30)
     out = tmp_path / "bert.onnx"
     assert build.main(["transformer", *BERT_LARGE, "--out", str(out)]) == 2
     err = capsys.readouterr().err

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from solver.errors import MtppError
-from solver.io import load_graph
+from solver.core.errors import MtppError
+from solver.frontends import load_graph
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 F = TensorProto.FLOAT
@@ -277,7 +277,7 @@ def test_external_data_sizes_without_reading_weights(tmp_path):
 def test_external_facts_from_the_protos():
     """Sizes and locations of external tensors come from dims and entries alone; a tensor in a
     node attribute counts, and each location is listed once, in order of first use."""
-    from solver.io.onnx_common import dense_bytes, external_info, external_locations
+    from solver.frontends.onnx.common import dense_bytes, external_info, external_locations
 
     w = ext_tensor("w", [3, 5], "a.bin", offset=64, length=60)
     h = ext_tensor("h", [7], "b.bin", dtype=TensorProto.FLOAT16)
@@ -408,8 +408,8 @@ def test_vgg19_macs_match_hand_count():
 
 
 def test_every_zoo_model_imports_and_solves():
-    from solver.cluster import load_cluster
-    from solver.methods import SolveOptions, solve
+    from solver.core.cluster import load_cluster
+    from solver.pipeline.registry import SolveOptions, solve
 
     for path in sorted(LIGHT.glob("*.onnx")):
         with warnings.catch_warnings():
@@ -550,8 +550,8 @@ def test_external_paths_are_checked_everywhere(tmp_path, capsys, where):
 # ---------------------------------------------------------------- one tensor per output
 def test_multi_output_operator_sends_only_what_is_read(tmp_path):
     """Split's halves go to different consumers: a block reading one half receives only it."""
-    from solver.cluster import Cluster
-    from solver.cost import evaluate
+    from solver.core.cluster import Cluster
+    from solver.core.cost import evaluate
 
     nodes = [
         helper.make_node("Relu", ["x"], ["x0"], name="pre"),
@@ -644,7 +644,7 @@ def test_loop_scan_output_shape_from_a_run_and_body_weight(tmp_path):
     assert g.flops[g.node("relu")] == 12
     assert list(g.p_names) == ["loop/bw"] and g.param_bytes_total == 16
     # the same for callers that need every shape (the exporter's stage boundaries)
-    from solver.io.onnx_shapes import complete_shapes, infer_shapes
+    from solver.frontends.onnx.shapes import complete_shapes, infer_shapes
 
     model = onnx.load(str(path))
     assert infer_shapes(model)["all"][0] is None
@@ -757,7 +757,7 @@ def half_and_float_model(tmp_path) -> Path:
 
 
 def test_weight_bytes_count_fp16_twice(tmp_path):
-    from solver.io.onnx_ort import held_bytes, tensor_bytes, weight_bytes, weights_detail
+    from solver.frontends.onnx.ort import held_bytes, tensor_bytes, weight_bytes, weights_detail
 
     model = onnx.load(str(half_and_float_model(tmp_path)))
     by_name = {t.name: t for t in model.graph.initializer}
@@ -771,13 +771,13 @@ def test_weight_bytes_count_fp16_twice(tmp_path):
 def test_measured_work_counts_held_weights_and_memory_ok_skips_the_check(tmp_path, monkeypatch):
     """Memory for the stored weights but not for fp16 held as fp32: refused (the old estimate,
     weights as stored, would have run); with memory_ok the profile runs."""
-    from solver.io.onnx_ort import activation_peak
+    from solver.frontends.onnx.ort import activation_peak
 
     path = half_and_float_model(tmp_path)
     g = load_graph(path)
     assert g.param_bytes_total == 24576
     acts = activation_peak(g)
-    monkeypatch.setattr("solver.io.onnx_ort.available_memory", lambda: int(acts + 28672))
+    monkeypatch.setattr("solver.frontends.onnx.ort.available_memory", lambda: int(acts + 28672))
     with pytest.raises(
         MtppError,
         match=r"^--work measured: running the model at these dims needs about .* \(activations "

@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
-from solver.io import load_graph
-from solver.io.onnx_fold import fold_values
-from solver.io.onnx_shapes import static_model
-from solver.sharding.model import from_proto, load_model
+from solver.frontends import load_graph
+from solver.frontends.onnx.fold import fold_values
+from solver.frontends.onnx.shapes import static_model
+from solver.spmd.model import from_proto, load_model
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -130,8 +130,8 @@ def test_shard_and_solve_read_the_class_token_model(tmp_path, capsys, method):
 def test_shard_verify_fails_on_a_wrong_class_token():
     """The verification above can fail: a plan run on a model whose class token differs from
     the reference's (the sharded program reads the planner's folded value) is caught."""
-    from solver.sharding.execute import verify
-    from solver.sharding.solve import solve_sharding
+    from solver.backends.spmd_execute import verify
+    from solver.spmd.solve import solve_sharding
 
     res = solve_sharding(from_proto(vit_embeddings(), {}), devices=2, method="dp")
     assert verify(res.planner, res.program, seed=0)["ok"]
@@ -188,7 +188,7 @@ def test_shard_takes_shapes_only_a_run_gives_and_says_so(tmp_path, capsys, read_
 def test_load_model_and_solve_refuse_the_same_broken_model(tmp_path):
     """One checker: a node reading a tensor nothing defines is refused by both front ends
     with the same message."""
-    from solver.errors import MtppError
+    from solver.core.errors import MtppError
 
     model = vit_embeddings()
     model.graph.node[-1].input[1] = "nothing"

@@ -1,4 +1,5 @@
-"""solver.outdir: an output folder appears whole or not at all; what it replaces is removed only
+"""solver.core.outdir: an output folder appears whole or not at all; what it replaces is removed
+only
 after, and a link named as the output loses the link, never its target."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import stat
 import onnx
 import pytest
 
-from solver import outdir
 from solver.cli import main
+from solver.core import outdir
 
 from .test_sharding_cli import examples
 

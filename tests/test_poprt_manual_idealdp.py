@@ -10,14 +10,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.cluster import Cluster
-from solver.cost import evaluate, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, brute_force
-from solver.graph import Graph, coarse_view
-from solver.heuristics.idealdp import enumerate_ideals, ideal_dp
-from solver.heuristics.manual import manual_assignment, parse_sharding, to_sharding_yaml
-from solver.heuristics.poprt import (
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.dp.ideals import enumerate_ideals, ideal_dp
+from solver.pipeline.exact.brute import all_assignments, brute_force
+from solver.pipeline.heuristics.manual import manual_assignment, parse_sharding, to_sharding_yaml
+from solver.pipeline.heuristics.poprt import (
     PoprtOptions,
     build_subgraphs,
     candidate_nodes,

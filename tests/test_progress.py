@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from solver.cli import main
-from solver.plan import FEASIBLE
-from solver.progress import FIRST_LINE_DELAY, SolveProgress
+from solver.cli.progress import FIRST_LINE_DELAY, SolveProgress
+from solver.pipeline.plan import FEASIBLE
 
 from .conftest import bench_path
 

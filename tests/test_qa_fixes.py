@@ -13,7 +13,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
-from solver.sharding.model import from_proto
+from solver.spmd.model import from_proto
 
 from .conftest import ROOT
 
@@ -75,17 +75,17 @@ def test_export_numbers_devices_by_the_plans_placement(placed_plan, tmp_path, ca
 
 
 def test_run_simulates_with_the_plans_placement(placed_plan, capsys, monkeypatch):
-    import solver.simulate
+    import solver.backends.simulate
 
     plan, placement = placed_plan
     seen = []
-    real = solver.simulate.simulate
+    real = solver.backends.simulate.simulate
 
     def spy(*args, **kw):
         seen.append(kw.get("placement"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(solver.simulate, "simulate", spy)
+    monkeypatch.setattr(solver.backends.simulate, "simulate", spy)
     capsys.readouterr()
     assert main(["run", str(TRANSFORMER), str(plan), "--requests", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -167,7 +167,7 @@ def test_shard_verify_runs_an_if_with_its_outer_scope_values(tmp_path, capsys, d
 
 def test_shard_verify_failure_says_why(capsys, monkeypatch):
     """A program that cannot run fails verify with the reason on the screen."""
-    import solver.sharding.execute as ex
+    import solver.backends.spmd_execute as ex
 
     def broken(*args, **kw):
         raise ValueError("node 'mm1' on device 0: broken on purpose")
@@ -206,10 +206,10 @@ def fp16_matmul():
 def test_fp16_verify_uses_the_half_precision_tolerance():
     """Partial sums of a split contraction added in fp16 differ from the whole MatMul by a few
     fp16 ulps: beyond 1e-4 x max(1, |ref|), within fp16's 1e-2 x max(1, |ref|)."""
-    from solver.sharding.execute import verify
-    from solver.sharding.mesh import Mesh
-    from solver.sharding.program import Planner, evaluate
-    from solver.sharding.propagate import propagate
+    from solver.backends.spmd_execute import verify
+    from solver.spmd.mesh import Mesh
+    from solver.spmd.program import Planner, evaluate
+    from solver.spmd.propagate import propagate
 
     from .test_sharding import CLUSTER
 

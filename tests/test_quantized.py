@@ -18,10 +18,10 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from solver.cluster import Cluster, cluster_from_dict
-from solver.errors import MtppError
-from solver.io import load_graph
-from solver.modelgen import save, vit
+from solver.core.cluster import Cluster, cluster_from_dict
+from solver.core.errors import MtppError
+from solver.frontends import load_graph
+from solver.frontends.onnx.modelgen import save, vit
 
 F, U8, I8 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8
 RNG = np.random.default_rng(7)

@@ -18,13 +18,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from solver.backends.export import export_plan
+from solver.backends.run import run_pipeline, run_plan
 from solver.cli import main
-from solver.cluster import load_cluster
-from solver.errors import MtppError
-from solver.io import load_graph
-from solver.io.onnx_export import export_plan
-from solver.methods import solve
-from solver.run import run_pipeline, run_plan
+from solver.core.cluster import load_cluster
+from solver.core.errors import MtppError
+from solver.frontends import load_graph
+from solver.pipeline.registry import solve
 
 from .badinput import assert_refused
 from .test_export import random_mlp
@@ -73,7 +73,7 @@ def test_run_profiles_the_model_once_with_the_dims(dyn_model, capsys, monkeypatc
     """The simulator's node times come from one profile at the run's dims: the graph's own
     when it was loaded with --work measured, else one made after the run; --memory-ok reaches
     it."""
-    import solver.io.onnx_profile as prof
+    import solver.frontends.onnx.profile as prof
 
     model, plan = dyn_model
     calls, real = [], prof.measured_work
@@ -263,7 +263,7 @@ def test_closing_survives_a_feeder_left_waiting_by_an_interrupted_notify():
     """Ctrl-C inside ``Queue.put``'s ``Condition.notify`` leaves a stale waiter at the head of
     the condition; the close marker's single notify then wakes nobody, and the cleanup used to
     wait forever in ``join_thread`` (``mtpp run`` hung after Ctrl-C about once in six)."""
-    from solver.run import _Processes
+    from solver.backends.run import _Processes
 
     ctx = mp.get_context("spawn")
     q, errors = ctx.Queue(), ctx.Queue()

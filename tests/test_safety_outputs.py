@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from solver.backends import export as onnx_export
 from solver.cli import main
-from solver.io import onnx_export
 
 from .badinput import assert_refused, snapshot
 from .test_export import random_mlp

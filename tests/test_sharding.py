@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from solver.cluster import Cluster
-from solver.errors import MtppError
-from solver.sharding.config import from_attributes, parse_strategy
-from solver.sharding.mesh import Layout, Mesh, canonical, parse_mesh, same_placement
-from solver.sharding.model import from_proto
-from solver.sharding.program import Planner, evaluate, fmt_strategy
-from solver.sharding.propagate import propagate
-from solver.sharding.rules import StrategyError
+from solver.core.cluster import Cluster
+from solver.core.errors import MtppError
+from solver.spmd.config import from_attributes, parse_strategy
+from solver.spmd.mesh import Layout, Mesh, canonical, parse_mesh, same_placement
+from solver.spmd.model import from_proto
+from solver.spmd.program import Planner, evaluate, fmt_strategy
+from solver.spmd.propagate import propagate
+from solver.spmd.rules import StrategyError
 
 from .conftest import ROOT
 

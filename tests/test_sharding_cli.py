@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
-from solver.sharding.mesh import Layout, Mesh
-from solver.sharding.model import from_proto
-from solver.sharding.program import Planner, evaluate
-from solver.sharding.propagate import propagate
-from solver.sharding.redistribute import Redistribution, Step
+from solver.spmd.mesh import Layout, Mesh
+from solver.spmd.model import from_proto
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.propagate import propagate
+from solver.spmd.redistribute import Redistribution, Step
 
 from .badinput import assert_refused
 from .conftest import ROOT
@@ -30,7 +30,7 @@ _spec.loader.exec_module(examples)
 
 
 def run(model, conf, mesh=(8,)):
-    from solver.sharding.execute import verify
+    from solver.backends.spmd_execute import verify
 
     sm = from_proto(model, {})
     pl = Planner(sm, Mesh(mesh, (1e9,) * len(mesh), (0.0,) * len(mesh)), CLUSTER)
@@ -107,15 +107,15 @@ def test_verify_fails_on_a_dropped_reduction():
     pl, prog, v = run(examples.ffn(), {"dense1.matmul": ((2, 1), (1, 4))})
     assert v["ok"]
     assert _tamper(prog, "drop-reduction")
-    from solver.sharding.execute import verify
+    from solver.backends.spmd_execute import verify
 
     bad = verify(pl, prog, seed=3)
     assert not bad["ok"] and bad["max_abs_diff"] > 1e-2
 
 
 def test_verify_fails_on_a_wrong_slice(monkeypatch):
-    from solver.sharding import collectives
-    from solver.sharding.execute import verify
+    from solver.backends.spmd_execute import verify
+    from solver.spmd import collectives
 
     conf = {"dense1.matmul": ((1, 1), (1, 1)), "dense2.matmul": ((1, 8), (8, 1))}
     pl, prog, v = run(examples.ffn(), conf)
@@ -135,8 +135,8 @@ def test_verify_fails_on_a_wrong_slice(monkeypatch):
 
 def test_verify_reports_a_program_that_cannot_run():
     """Shards of the wrong shape make a local operator fail: verify says so, no traceback."""
-    from solver.sharding.execute import verify
-    from solver.sharding.redistribute import plan_redistribution
+    from solver.backends.spmd_execute import verify
+    from solver.spmd.redistribute import plan_redistribution
 
     pl, prog, _ = run(examples.ffn(), {"dense2.matmul": ((1, 8), (8, 1))})
     (key,) = [k for k, r in prog.redists.items() if r.steps]
@@ -439,7 +439,7 @@ def test_cli_verify_on_the_bundled_small_models(name, capsys):
 def test_plan_json_is_strict_json_like_stdout(tmp_path):
     """plan.json goes through json_safe as --json does: an infinity is null (never the
     non-JSON 'Infinity'), a numpy integer stays an integer."""
-    from solver.sharding.report import write_out
+    from solver.spmd.report import write_out
 
     sm = from_proto(examples.ffn(), {})
     plan = {"lower_bound": float("inf"), "gap": float("nan"), "count": np.int64(3)}
@@ -569,8 +569,8 @@ def test_mesh_that_does_not_fit_the_groups_is_refused(cluster, mesh, axis, fit, 
     """A multi-axis mesh one of whose axes joins devices partly inside a group and partly across
     groups cannot be priced with one link per axis: one line naming the axis and a fitting mesh.
     The fitting mesh and the 1-D mesh over all devices are accepted."""
-    from solver.cluster import load_cluster
-    from solver.sharding.mesh import mesh_on
+    from solver.core.cluster import load_cluster
+    from solver.spmd.mesh import mesh_on
 
     model = tmp_path / "ffn.onnx"
     onnx.save(examples.ffn(), model)
@@ -591,8 +591,8 @@ def test_mesh_axis_inside_groups_with_different_links_is_priced_at_the_slowest()
     """Groups whose inside links differ (100 and 50 GB/s): a 2x2 mesh has axis 0 across the
     groups and axis 1 inside each group; axis 1 is accepted and priced at the slower inside
     link, not refused as a misfit."""
-    from solver.cluster import cluster_from_dict
-    from solver.sharding.mesh import mesh_on
+    from solver.core.cluster import cluster_from_dict
+    from solver.spmd.mesh import mesh_on
 
     c = cluster_from_dict(
         {
@@ -616,8 +616,8 @@ def test_mesh_axis_inside_groups_with_different_links_is_priced_at_the_slowest()
 @pytest.mark.parametrize("strategy", [((),), ((), (4,)), ((2, 1), (1, 4)), ((4,),)])
 def test_strategy_text_round_trips(strategy):
     """fmt_strategy's text reads back as the same strategy (one rank-0 input included)."""
-    from solver.sharding.config import parse_strategy
-    from solver.sharding.program import fmt_strategy
+    from solver.spmd.config import parse_strategy
+    from solver.spmd.program import fmt_strategy
 
     assert parse_strategy(fmt_strategy(strategy), "test") == strategy
 

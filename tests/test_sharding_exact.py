@@ -15,15 +15,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.cli import main
-from solver.cluster import Cluster
-from solver.errors import MtppError
-from solver.plan import FEASIBLE, OPTIMAL
-from solver.sharding.lagrange import lagrange
-from solver.sharding.mesh import make_mesh
-from solver.sharding.model import from_proto
-from solver.sharding.patterns import data_parallel_plan, megatron_roles
-from solver.sharding.program import Planner, evaluate
-from solver.sharding.solve import solve_sharding
+from solver.core.cluster import Cluster
+from solver.core.errors import MtppError
+from solver.pipeline.plan import FEASIBLE, OPTIMAL
+from solver.spmd.lagrange import lagrange
+from solver.spmd.mesh import make_mesh
+from solver.spmd.model import from_proto
+from solver.spmd.patterns import data_parallel_plan, megatron_roles
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.solve import solve_sharding
 
 from .badinput import assert_refused
 from .conftest import ROOT
@@ -246,7 +246,7 @@ def test_mlp_under_a_limit_is_megatron_with_one_reduce_scatter():
 
 
 def megatron_plan_of(pl: Planner) -> dict:
-    from solver.sharding.patterns import megatron_plan
+    from solver.spmd.patterns import megatron_plan
 
     return megatron_plan(pl, {})
 
@@ -412,7 +412,7 @@ def test_propagation_reaches_a_component_without_configured_operators():
     """Two independent branches, one configured: the other still gets strategies (it used to
     be skipped when the configured operators filled the queue first)."""
     pl = _planner(random_model(7), CL4)
-    from solver.sharding.propagate import propagate
+    from solver.spmd.propagate import propagate
 
     first = pl.sm.ops[-1].name
     s = propagate(pl, {first: pl.candidates(len(pl.sm.ops) - 1)[1].strategy})
@@ -422,7 +422,7 @@ def test_propagation_reaches_a_component_without_configured_operators():
 def test_lagrangian_bound_and_segments_on_a_two_layer_transformer():
     """The Lagrangian bound never exceeds the proven optimum and its plans never beat it; the
     layer boundaries (one live activation) cut the order into segments for mixing plans."""
-    from solver.sharding.lagrange import segments
+    from solver.spmd.lagrange import segments
 
     model = examples.transformer(layers=2, batch=2, seq=16, hidden=32, heads=4, vocab=64)
     pl = _planner(model, CL4)
@@ -477,9 +477,9 @@ def test_weight_budget_bound_is_exact_on_its_relaxation(seed, cluster, mesh):
     limit): brute force over every choice agrees; its plan is one of those minimisers; the
     step's bytes are never above a plan's memory; and the bound is never above the best plan
     within the limit (a valid bound), whatever the step."""
-    from solver.sharding.budget import budget_bound, step_memory
-    from solver.sharding.exact import ShardModel
-    from solver.sharding.lagrange import _Problem
+    from solver.spmd.budget import budget_bound, step_memory
+    from solver.spmd.exact import ShardModel
+    from solver.spmd.lagrange import _Problem
 
     pl = _planner(random_model(seed), cluster, mesh)
     objs, mems, _ = brute_force(pl)
@@ -531,9 +531,9 @@ def test_activation_needs_and_the_peak_bound_against_brute_force(seed, cluster, 
     it (brute force over every plan); the activation-peak bound equals the brute-force minimum
     of its relaxation (min over c of the least time with W' within c units and no need above
     the limit - least W' - c units) and is never above the best plan within the limit."""
-    from solver.sharding.budget import activation_needs, peak_bound
-    from solver.sharding.exact import ShardModel
-    from solver.sharding.lagrange import _Problem
+    from solver.spmd.budget import activation_needs, peak_bound
+    from solver.spmd.exact import ShardModel
+    from solver.spmd.lagrange import _Problem
 
     pl = _planner(random_model(seed), cluster, mesh)
     objs, mems, _ = brute_force(pl)
@@ -579,9 +579,9 @@ def test_peak_bound_with_exact_weights_against_brute_force(seed, cluster, mesh):
     """The activation-peak bound with W' exact in bytes (a Lagrangian bound per peak value Q)
     is never above the best plan within the limit nor above the brute-force minimum of its
     relaxation: min over Q of the least time with no need above Q and W' <= limit - Q."""
-    from solver.sharding.budget import activation_needs, peak_dual_bound, peak_values
-    from solver.sharding.exact import ShardModel
-    from solver.sharding.lagrange import _Problem
+    from solver.spmd.budget import activation_needs, peak_dual_bound, peak_values
+    from solver.spmd.exact import ShardModel
+    from solver.spmd.lagrange import _Problem
 
     pl = _planner(random_model(seed), cluster, mesh)
     objs, mems, _ = brute_force(pl)
@@ -616,7 +616,7 @@ def test_peak_bound_with_exact_weights_against_brute_force(seed, cluster, mesh):
 def test_least_memory_interval_holds_the_brute_force_minimum(seed, cluster, mesh):
     """Variable elimination's least memory: its lower end is below every plan's memory, its
     upper end is the memory of a plan it returns, and brute force's minimum lies between."""
-    from solver.sharding.lagrange import least_memory_plan
+    from solver.spmd.lagrange import least_memory_plan
 
     pl = _planner(random_model(seed), cluster, mesh)
     _objs, mems, _ = brute_force(pl)
@@ -672,8 +672,8 @@ def test_cpsat_returns_within_a_time_limit_its_model_cannot_be_built_in(time_lim
     every pair of layout classes) take over 2 s to build, the limit is less. The solver stops
     building, keeps the best warm start (a complete plan, re-evaluated) with the least-compute
     bound, FEASIBLE (at 1.5 s it stops inside the CP-SAT model, at 0.5 s before it)."""
-    from solver.sharding.exact import NOT_BUILT
-    from solver.sharding.solve import compute_bound
+    from solver.spmd.exact import NOT_BUILT
+    from solver.spmd.solve import compute_bound
 
     model = examples.transformer(layers=2, batch=16, seq=32, hidden=64, heads=4, vocab=64)
     # a link bandwidth no other test uses: the redistribution caches start cold
@@ -705,7 +705,7 @@ def test_cpsat_returns_within_a_time_limit_its_model_cannot_be_built_in(time_lim
 def test_model_building_and_lagrange_stop_at_their_deadline():
     """A deadline already passed: the model raises DeadlineReached, solve_exact reports
     NOT_BUILT with no bound, lagrange gives up (None), min_memory claims nothing."""
-    from solver.sharding.exact import (
+    from solver.spmd.exact import (
         NOT_BUILT,
         DeadlineReached,
         ExactOptions,
@@ -731,7 +731,7 @@ def test_model_building_and_lagrange_stop_at_their_deadline():
 def test_mixed_devices_are_priced_at_the_slowest_and_fit_the_smallest():
     """One SPMD program on devices that differ runs in lockstep: every method prices it with
     the slowest device's compute and limits it to the smallest capacity."""
-    from solver.cluster import Topology
+    from solver.core.cluster import Topology
 
     def flat(compute, capacity=None):
         return Cluster(
@@ -787,7 +787,7 @@ def test_tied_operators_choose_alike_and_the_tied_optimum_matches_brute_force(sh
     """same_choice makes two operators take the same strategy (a pin on one carries over to
     the other); CP-SAT's optimum of that restricted problem equals brute force's over the
     plans where they agree (within the limit, with the pin)."""
-    from solver.sharding.exact import ExactOptions, solve_exact
+    from solver.spmd.exact import ExactOptions, solve_exact
 
     pl = _planner(_two_relus(), CL4_LAT)
     objs, mems, plans = brute_force(pl)
@@ -811,7 +811,7 @@ def test_tied_operators_choose_alike_and_the_tied_optimum_matches_brute_force(sh
 
 
 def test_repeating_window_is_in_the_middle_of_the_longest_repeating_run():
-    from solver.sharding.windows import repeating_window
+    from solver.spmd.windows import repeating_window
 
     assert repeating_window(list("EABABABABF")) == range(3, 7)
     assert repeating_window(list("EAAAAAF")) == range(2, 4)
@@ -822,8 +822,8 @@ def test_window_search_at_the_least_memory_fits_and_never_beats_the_bound():
     """On a 4-layer transformer at exactly the least memory any plan needs, the exact windows
     start from the leanest plan, keep every plan within the limit, make no plan slower, and
     stay above the activation-peak bound (a valid bound of the real problem)."""
-    from solver.sharding.lagrange import least_memory_plan
-    from solver.sharding.windows import window_search
+    from solver.spmd.lagrange import least_memory_plan
+    from solver.spmd.windows import window_search
 
     model = examples.transformer(layers=4, batch=4, seq=16, hidden=64, heads=4, vocab=64)
     pl = _planner(model, CL4)
@@ -842,7 +842,7 @@ def test_window_search_at_the_least_memory_fits_and_never_beats_the_bound():
 def test_a_transformer_at_exactly_its_least_memory_is_solved_optimal():
     """At the least memory any plan needs (every plan that fits is a leanest plan) the plan
     meets the bound: OPTIMAL, and the plan fits exactly."""
-    from solver.sharding.lagrange import least_memory_plan
+    from solver.spmd.lagrange import least_memory_plan
 
     model = examples.transformer(layers=4, batch=4, seq=16, hidden=64, heads=4, vocab=64)
     pl = _planner(model, CL4)

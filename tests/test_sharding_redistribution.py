@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.sharding.collectives import apply, assemble, scatter
-from solver.sharding.mesh import Layout, Mesh
-from solver.sharding.redistribute import gather_then_slice_cost, local_bytes, plan_redistribution
+from solver.spmd.collectives import apply, assemble, scatter
+from solver.spmd.mesh import Layout, Mesh
+from solver.spmd.redistribute import gather_then_slice_cost, local_bytes, plan_redistribution
 
 from .conftest import scaled_examples
 

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.cluster import Cluster
-from solver.cost import evaluate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments
-from solver.graph import Graph
-from solver.simulate import MAX_EVENTS, draw_gantt, simulate
+from solver.backends.simulate import MAX_EVENTS, draw_gantt, simulate
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.pipeline.exact.brute import all_assignments
 
 from .conftest import problems, scaled_examples
 

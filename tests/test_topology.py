@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from solver.backends.simulate import simulate
 from solver.cli import main
-from solver.cluster import Cluster, Topology, cluster_from_dict, load_cluster, preset_names
-from solver.cost import _evaluate_on_topology, evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, batch_costs
-from solver.graph import Graph
-from solver.simulate import simulate
+from solver.core.cluster import Cluster, Topology, cluster_from_dict, load_cluster, preset_names
+from solver.core.cost import _evaluate_on_topology, evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.pipeline.exact.brute import all_assignments, batch_costs
 
 from .badinput import assert_refused
 from .conftest import ROOT, problems, scaled_examples
@@ -484,8 +484,8 @@ def test_heterogeneous_lower_bound_holds_for_every_plan_and_placement(case):
 
 
 def test_plan_on_two_servers_round_trips_through_the_cli(tmp_path, capsys):
-    from solver.io import load_graph
-    from solver.plan import read_plan_assignment
+    from solver.frontends import load_graph
+    from solver.pipeline.plan import read_plan_assignment
 
     plan = tmp_path / "plan.json"
     argv = ["solve", TINY, "--cluster", "dgx-a100-x2", "--method", "time", "--out", plan]

@@ -1,5 +1,6 @@
 """Pipeline solvers on heterogeneous clusters: the placement of blocks on devices
-(solver.placement), the CP-SAT model that chooses it with the blocks, the brute-force oracle
+(solver.pipeline.placement), the CP-SAT model that chooses it with the blocks, the brute-force
+oracle
 over all plans and placements, the heuristics' plans, plan files and the simulator."""
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solver.cluster import Cluster, Topology
-from solver.cost import evaluate, lower_bound, validate
-from solver.errors import MtppError
-from solver.exact.brute import all_assignments, brute_force
-from solver.exact.cpsat import CpsatOptions, solve_cpsat
-from solver.graph import Graph
-from solver.methods import SolveOptions, certified_bound, solve
-from solver.placement import best_placement, device_classes, planning_cluster
-from solver.plan import (
+from solver.backends.simulate import simulate
+from solver.core.cluster import Cluster, Topology
+from solver.core.cost import evaluate, lower_bound, validate
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.pipeline.exact.brute import all_assignments, brute_force
+from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.pipeline.placement import best_placement, device_classes, planning_cluster
+from solver.pipeline.plan import (
     ALL_PLACEMENTS,
     OPTIMAL,
     make_plan,
@@ -30,7 +31,7 @@ from solver.plan import (
     read_plan_placement,
     save_plan,
 )
-from solver.simulate import simulate
+from solver.pipeline.registry import SolveOptions, certified_bound, solve
 
 from .conftest import scaled_examples
 
@@ -77,7 +78,7 @@ def random_cluster(rng: np.random.Generator, devices: int) -> Cluster:
 
 
 def brute_over_placements(g: Graph, c: Cluster) -> float:
-    """The optimum by evaluating every plan on every placement with solver.cost (slow)."""
+    """The optimum by evaluating every plan on every placement with solver.core.cost (slow)."""
     _, capacity, _ = c.device_arrays()
     best = math.inf
     for a in all_assignments(g, c.devices):
@@ -245,7 +246,7 @@ def test_heuristic_plans_on_mixed_clusters_are_valid_and_priced_by_the_evaluator
 
 
 def test_certify_places_a_plan_over_a_small_device_instead_of_refusing():
-    from solver.methods import certified_bound, certify
+    from solver.pipeline.registry import certified_bound, certify
 
     g, c = heavy_light_chain()
     c = replace(c, topology=replace(c.topology, capacity=(20.0, 40.0, 20.0, 40.0)))
@@ -315,8 +316,8 @@ def test_simulated_period_follows_the_placement_on_two_groups():
 
 def test_cli_solve_writes_the_placement_on_two_servers_and_none_on_one(tmp_path, capsys):
     from solver.cli import main
-    from solver.cluster import load_cluster
-    from solver.io import load_graph
+    from solver.core.cluster import load_cluster
+    from solver.frontends import load_graph
 
     from .conftest import ROOT
 
@@ -372,8 +373,8 @@ def best_slicing_by_brute_force(g: Graph, c: Cluster, order: np.ndarray, seq) ->
 @settings(max_examples=scaled_examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1))
 def test_slicing_on_a_device_sequence_is_exact_against_brute_force(seed):
-    from solver.heuristics.orders import priority_order
-    from solver.heuristics.slicing import slice_order
+    from solver.pipeline.heuristics.orders import priority_order
+    from solver.pipeline.heuristics.slicing import slice_order
 
     rng = np.random.default_rng(seed)
     g = random_graph(rng, int(rng.integers(3, 8)))
@@ -394,7 +395,7 @@ def test_slicing_on_a_device_sequence_is_exact_against_brute_force(seed):
 
 
 def test_scaled_linear_partition_is_exact_against_brute_force():
-    from solver.heuristics.slicing import linear_partition
+    from solver.pipeline.heuristics.slicing import linear_partition
 
     rng = np.random.default_rng(5)
     for _ in range(30):
@@ -460,7 +461,7 @@ def test_time_baseline_gives_the_fast_devices_proportionally_more_work():
 
 
 def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_better():
-    from solver.methods import _flat_then_place, run_slicegraph
+    from solver.pipeline.registry import _flat_then_place, run_slicegraph
 
     rng = np.random.default_rng(3)
     opts = SolveOptions(time_limit=5.0, workers=1)
@@ -486,7 +487,7 @@ def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_b
 def test_plans_that_only_a_proportional_split_fits_are_found(method):
     """600 weight bytes on devices of capacity 120, 320, 120, 320: an equal split (150 each)
     fits no placement, so the flat view is refused; planning against the devices is not."""
-    from solver.methods import METHODS, _flat_then_place
+    from solver.pipeline.registry import METHODS, _flat_then_place
 
     g = chain_with_weights(60)
     topo = Topology(((0, 1, 2, 3),), ("h",), ((1e6, 0.0),), capacity=(120, 320, 120, 320))
@@ -536,7 +537,7 @@ def crosses_groups(plan, c: Cluster) -> bool:
 
 
 def test_group_clusters_are_the_distinct_groups_with_their_inside_link():
-    from solver.placement import group_clusters
+    from solver.pipeline.placement import group_clusters
 
     _, c = two_hosts_slow_between(np.random.default_rng(0))
     gcs = group_clusters(c)
@@ -570,7 +571,7 @@ def test_every_method_plans_inside_one_group_when_the_link_between_is_slow(seed,
 
 @pytest.mark.parametrize("method", ["time", "params", "uniform", "poprt"])
 def test_the_one_group_plan_is_the_method_run_on_that_group_alone(method):
-    from solver.placement import group_clusters
+    from solver.pipeline.placement import group_clusters
 
     g, c = two_hosts_slow_between(np.random.default_rng(3))
     opts = SolveOptions(time_limit=2.0, workers=1)

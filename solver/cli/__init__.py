@@ -16,7 +16,7 @@ import warnings
 
 from solver.cli import experiment, export, inspect_graph, run, shard, simulate, solve
 from solver.cli.common import CONTROL_CHARS, formatter
-from solver.errors import MtppError
+from solver.core.errors import MtppError
 
 EPILOG_MAIN = """\
 examples:

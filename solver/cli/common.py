@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from solver.errors import MtppError
+from solver.core.errors import MtppError
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -43,7 +43,7 @@ MAX_DIM = 2**31 - 1  # an ONNX dimension is an int64, but ORT and numpy shapes s
 
 def devices_arg(text: str) -> int:
     """argparse type of ``--devices``: a whole number from 1 to :data:`MAX_DEVICES`."""
-    from solver.cluster import MAX_DEVICES
+    from solver.core.cluster import MAX_DEVICES
 
     try:
         k = int(text)
@@ -131,7 +131,7 @@ def load_graph_and_cluster(args: argparse.Namespace, default=None):
     """The graph and the cluster: ``--cluster`` if given, else ``default`` (the cluster a plan
     records; for an ONNX model also its roofline), else what the graph file states, else the
     default preset; ``--devices`` and ``--memory`` applied."""
-    from solver.io import load_graph, resolve_cluster
+    from solver.frontends import load_graph, resolve_cluster
 
     dims = parse_dims(args)
     spec = args.cluster if args.cluster is not None or default is None else default
@@ -154,7 +154,7 @@ def load_graph_and_cluster(args: argparse.Namespace, default=None):
 
 def memory_arg(args: argparse.Namespace) -> float | None:
     """``--memory SIZE`` in bytes (None when absent): a finite size > 0, e.g. 40GB."""
-    from solver.units import parse_memory
+    from solver.core.units import parse_memory
 
     text = getattr(args, "memory", None)
     return None if text is None else parse_memory(text)
@@ -267,7 +267,7 @@ class ColumnUnit:
 
 def print_json(obj: dict) -> None:
     """Print one JSON object; NaN and infinities become null (JSON has neither)."""
-    from solver.files import json_safe
+    from solver.core.files import json_safe
 
     sys.stdout.write(json.dumps(json_safe(obj), indent=1, allow_nan=False))
     sys.stdout.write("\n")
@@ -297,6 +297,6 @@ def _external_data_files(model: Path) -> list[Path]:
         m = onnx.load(str(model), load_external_data=False)
     except Exception:  # noqa: BLE001 -- any unreadable model: the loader will say why
         return []
-    from solver.io.onnx_common import external_locations
+    from solver.frontends.onnx.common import external_locations
 
     return sorted({model.parent / loc for loc in external_locations(m)})

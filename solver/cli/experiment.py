@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from solver.cli.common import add_json, console, esc, formatter, print_json
-from solver.errors import MtppError
-from solver.plan import ERROR
+from solver.core.errors import MtppError
+from solver.pipeline.plan import ERROR
 
 
 def add_parser(sub) -> None:
@@ -69,7 +69,7 @@ MAX_JOBS = 1024
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Run the experiment; 0 when every run worked, 1 when some ended in ERROR, 130 on Ctrl-C."""
-    from solver.experiments import ExperimentInterrupted, run_experiment
+    from solver.experiments.driver import ExperimentInterrupted, run_experiment
 
     if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
         raise MtppError(f"--jobs must be in 1..{MAX_JOBS}, got {args.jobs}")

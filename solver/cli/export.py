@@ -17,9 +17,9 @@ from solver.cli.common import (
     parse_dims,
     print_json,
 )
-from solver.errors import MtppError
-from solver.files import check_output_dir
-from solver.units import format_bytes
+from solver.core.errors import MtppError
+from solver.core.files import check_output_dir
+from solver.core.units import format_bytes
 
 
 def add_parser(sub) -> None:
@@ -107,8 +107,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from solver.backends.export import export_plan
     from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan, peek_plan_file
-    from solver.io.onnx_export import export_plan
 
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
@@ -205,12 +205,12 @@ def check_verify_options(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- joint plans
 def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
-    """One folder per stage (solver.joint.export), optionally verified through the chain;
+    """One folder per stage (solver.backends.export_joint), optionally verified through the chain;
     ``plan_file`` is the joint plan's :class:`solver.cli.plan_files.PlanFile`."""
     import sys
 
+    from solver.backends.export_joint import export_joint
     from solver.cli.plan_files import load_joint, refuse_pipeline_options
-    from solver.joint.export import export_joint
 
     refuse_pipeline_options(args, {"--work": "roofline"})
     check_verify_options(args)

@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from solver.cost import lower_bound
+    from solver.core.cost import lower_bound
 
     g, cluster = load_graph_and_cluster(args)
     ops = Counter(g.op_types) if g.op_types is not None else Counter()
@@ -85,7 +85,7 @@ def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
     from rich import box
     from rich.table import Table
 
-    from solver.units import format_bytes, format_time
+    from solver.core.units import format_bytes, format_time
 
     con.print(f"[bold]graph[/bold] {esc(g.name)}")
     t = Table(show_header=False, box=box.SIMPLE, pad_edge=False)

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.export_joint import check_stages
 from solver.cli.common import load_graph_and_cluster, memory_arg, parse_dims
-from solver.cluster import Cluster, cluster_from_dict, load_cluster
-from solver.errors import MtppError
-from solver.files import parse_json, read_text, read_yaml, shown
-from solver.graph import Graph
-from solver.heuristics.manual import manual_assignment
-from solver.io.sharding_yaml import parse_sharding
-from solver.joint.export import check_stages
+from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
+from solver.core.errors import MtppError
+from solver.core.files import parse_json, read_text, read_yaml, shown
+from solver.core.graph import Graph
+from solver.core.units import format_bytes, format_rate, format_time
+from solver.frontends.sharding_points import parse_sharding
 from solver.joint.plan import JOINT_FORMAT, check_against_model, load_joint_plan
-from solver.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
-from solver.sharding.model import load_model
-from solver.units import format_bytes, format_rate, format_time
+from solver.pipeline.heuristics.manual import manual_assignment
+from solver.pipeline.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
+from solver.spmd.model import load_model
 
 PIPELINE, JOINT, MANUAL = "pipeline plan", "joint plan", "manual sharding"
 EXPECTED = (
@@ -66,7 +66,7 @@ def read_plan_file(path: str) -> PlanFile:
 
 def _is_sharding(data: object) -> bool:
     """A list (of sharding points), or a mapping holding one under ``sharding:``; the points
-    themselves are checked by :func:`solver.io.sharding_yaml.parse_sharding`."""
+    themselves are checked by :func:`solver.frontends.sharding_points.parse_sharding`."""
     if isinstance(data, dict) and "format" not in data and "sharding" in data:
         data = data["sharding"]
     return isinstance(data, list)

@@ -15,7 +15,7 @@ from solver.cli.common import (
     parse_dims,
     print_json,
 )
-from solver.errors import MtppError
+from solver.core.errors import MtppError
 
 
 def add_parser(sub) -> None:
@@ -52,11 +52,11 @@ def add_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from solver.backends.run import check_requests, run_plan
+    from solver.backends.simulate import simulate
     from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
-    from solver.cluster import Cluster
-    from solver.io.onnx_import import load_onnx
-    from solver.run import check_requests, run_plan
-    from solver.simulate import simulate
+    from solver.core.cluster import Cluster
+    from solver.frontends.onnx.reader import load_onnx
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")

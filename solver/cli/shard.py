@@ -16,7 +16,7 @@ from solver.cli.common import (
     parse_dims,
     print_json,
 )
-from solver.errors import MtppError
+from solver.core.errors import MtppError
 
 EPILOG = """\
 methods:
@@ -87,10 +87,10 @@ def add_parser(sub) -> None:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from solver.files import check_output_dir
-    from solver.progress import SolveProgress
-    from solver.sharding.report import human_table, plan_dict, write_out
-    from solver.sharding.solve import check_options, solve_sharding
+    from solver.cli.progress import SolveProgress
+    from solver.core.files import check_output_dir
+    from solver.spmd.report import human_table, plan_dict, write_out
+    from solver.spmd.solve import check_options, solve_sharding
 
     if Path(args.model).suffix.lower() != ".onnx":
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
@@ -130,7 +130,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     plan["warnings"] = warnings
     ok = True
     if args.verify:
-        from solver.sharding.execute import verify
+        from solver.backends.spmd_execute import verify
 
         plan["verify"] = verify(planner, program, seed=args.seed)
         ok = plan["verify"]["ok"]
@@ -148,7 +148,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     for line in totals:
         con.print(esc(line))
     if res.lower_bound is not None:
-        from solver.units import format_time
+        from solver.core.units import format_time
 
         con.print(
             f"lower bound {format_time(res.lower_bound)} (every plan), gap "

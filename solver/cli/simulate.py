@@ -16,8 +16,8 @@ from solver.cli.common import (
     print_json,
     print_list_line,
 )
-from solver.errors import MtppError
-from solver.files import check_output_file
+from solver.core.errors import MtppError
+from solver.core.files import check_output_file
 
 
 def add_parser(sub) -> None:
@@ -91,8 +91,8 @@ def _image_formats() -> set[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt, simulate
     from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
-    from solver.simulate import check_latency, check_simulation_size, draw_gantt, simulate
 
     plan = command_plan(args, "simulate")
     if plan.kind == JOINT:
@@ -134,7 +134,7 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
     from rich import box
     from rich.table import Table
 
-    from solver.units import format_bytes, format_time
+    from solver.core.units import format_bytes, format_time
 
     con.print(
         f"[bold]simulation[/bold]: graph {esc(graph_name)}, {args.requests} requests, "
@@ -167,9 +167,9 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
 # ---------------------------------------------------------------------- joint plans
 def cmd_simulate_joint(args: argparse.Namespace, plan_file) -> int:
     """A joint plan (a :class:`solver.cli.plan_files.PlanFile`) through the joint simulator."""
+    from solver.backends.simulate import check_simulation_size, draw_gantt
+    from solver.backends.simulate_joint import simulate_joint
     from solver.cli.plan_files import load_joint, refuse_pipeline_options
-    from solver.joint.simulate import simulate_joint
-    from solver.simulate import check_simulation_size, draw_gantt
 
     refuse_pipeline_options(
         args, {"--mode": "pipelined", "--overlap": False, "--latency": None, "--work": "roofline"}
@@ -201,7 +201,7 @@ def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
     from rich import box
     from rich.table import Table
 
-    from solver.units import format_bytes, format_time
+    from solver.core.units import format_bytes, format_time
 
     sim = js.sim
     con.print(

@@ -20,8 +20,8 @@ from solver.cli.common import (
     print_json,
     print_list_line,
 )
-from solver.errors import MtppError
-from solver.methods import METHOD_OPTIONS, METHODS
+from solver.core.errors import MtppError
+from solver.pipeline.registry import METHOD_OPTIONS, METHODS
 
 
 def add_solve_parser(sub) -> None:
@@ -154,7 +154,7 @@ def _print_plan(
 ) -> None:
     """The plan in words and a per-block table that fits 80 columns (times and bytes in one
     unit per column group, named in the header)."""
-    from solver.plan import OPTIMAL
+    from solver.pipeline.plan import OPTIMAL
 
     con = con or console()
     con.print(f"[bold]{title}[/bold]: graph {esc(plan.graph_name)}, method {esc(plan.method)}")
@@ -237,7 +237,7 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     when consistent, made for this cluster (by content: the name may differ), and its bound
     proves that status."""
     from solver.cli.plan_files import cluster_difference
-    from solver.plan import OPTIMAL, OPTIMALITY_TOL, bound_exceeds, optimal_within
+    from solver.pipeline.plan import OPTIMAL, OPTIMALITY_TOL, bound_exceeds, optimal_within
 
     def number(x) -> bool:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -293,9 +293,9 @@ EVALUATE_BOUND_SECONDS = 10.0  # time for the certified bounds of a plan being e
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
-    from solver.cost import validate
-    from solver.methods import bound_stats, certified_bound
-    from solver.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
+    from solver.core.cost import validate
+    from solver.pipeline.plan import FEASIBLE, INVALID, OPTIMAL, make_plan
+    from solver.pipeline.registry import bound_stats, certified_bound
 
     plan_file = command_plan(args, "evaluate")
     if plan_file.kind == JOINT:
@@ -348,9 +348,9 @@ def cmd_evaluate_joint(args: argparse.Namespace, plan_file) -> int:
     cluster (a number that differs is refused with one line), then checked against the memory
     limit by the joint simulator. The bound is the file's (stated over its space): it is
     checked against the objective, not recomputed. Exit 1 when a stage does not fit."""
+    from solver.backends.simulate_joint import simulate_joint
     from solver.cli.plan_files import load_joint, refuse_pipeline_options
-    from solver.joint.simulate import simulate_joint
-    from solver.plan import INVALID
+    from solver.pipeline.plan import INVALID
 
     refuse_pipeline_options(args, {"--work": "roofline"})
     plan, sm = load_joint(args, plan_file)
@@ -397,8 +397,13 @@ def parse_set(items: list[str]) -> dict:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from solver.methods import SolveOptions, check_method_options, check_solve_options, solve
-    from solver.plan import save_plan
+    from solver.pipeline.plan import save_plan
+    from solver.pipeline.registry import (
+        SolveOptions,
+        check_method_options,
+        check_solve_options,
+        solve,
+    )
 
     if args.method == "joint":
         return cmd_solve_joint(args)
@@ -422,7 +427,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     check_solve_options(opts)  # before loading a big graph
     check_method_options(args.method, extra)
     if args.out is not None:
-        from solver.files import check_output_file
+        from solver.core.files import check_output_file
 
         check_output_file(args.out, input_paths(args), "--out")
     g, cluster = load_graph_and_cluster(args)
@@ -440,7 +445,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     else:
         _print_plan(plan)
         if plan.method == "poprt":
-            from solver.heuristics.poprt import format_sharding
+            from solver.pipeline.heuristics.poprt import format_sharding
 
             console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
         if args.out is not None:
@@ -450,7 +455,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 def infeasible_message(g, cluster) -> str:
     """Why no plan exists: name the memory that does not fit."""
-    from solver.units import format_bytes
+    from solver.core.units import format_bytes
 
     cap = cluster.capacity
     need = g.param_bytes_total
@@ -470,11 +475,11 @@ def cmd_solve_joint(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from solver.cli.common import memory_arg, parse_dims
-    from solver.cluster import load_cluster
+    from solver.cli.progress import SolveProgress
+    from solver.core.cluster import load_cluster
     from solver.joint import plan_joint, save_joint_plan
     from solver.joint.submesh import SPACES
-    from solver.methods import SolveOptions, check_solve_options
-    from solver.progress import SolveProgress
+    from solver.pipeline.registry import SolveOptions, check_solve_options
 
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(
@@ -499,7 +504,7 @@ def cmd_solve_joint(args: argparse.Namespace) -> int:
     check_solve_options(opts)
     dims = parse_dims(args)
     if args.out is not None:
-        from solver.files import check_output_file
+        from solver.core.files import check_output_file
 
         check_output_file(args.out, input_paths(args), "--out")
     cluster = load_cluster(args.cluster, args.devices)
@@ -537,7 +542,7 @@ def print_joint_plan(plan, con=None) -> None:
     from rich.table import Table
 
     from solver.cli.common import BYTE_UNITS, TIME_UNITS, ColumnUnit
-    from solver.plan import OPTIMAL
+    from solver.pipeline.plan import OPTIMAL
 
     con = con or console()
     con.print(f"[bold]joint plan[/bold]: model {esc(plan.model_name)}, space {esc(plan.space)}")

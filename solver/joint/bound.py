@@ -8,13 +8,13 @@ import math
 
 import numpy as np
 
-from solver.cluster import Cluster
+from solver.core.cluster import Cluster
 
 
 def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
     """Every loop split an operator can run with on some mesh of at most ``k`` devices: each
     split divides its loop (1 on a fixed loop) and their product is at most ``k``. This is the
-    union of :func:`solver.sharding.rules.candidates` over 1..k devices, enumerated directly
+    union of :func:`solver.spmd.rules.candidates` over 1..k devices, enumerated directly
     (the product never exceeds ``k``, so big clusters stay cheap)."""
     out: list[tuple[tuple[int, ...], int]] = [((), 1)]
     for lp, size in enumerate(spec.loops):
@@ -26,8 +26,8 @@ def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
 def op_work(sm, spec, i: int, k: int) -> np.ndarray:
     """Rows (devices used, local FLOPs, local bytes moved) of operator ``i`` under every split
     it can run with on <= ``k`` devices: what ``Planner.compute_time`` prices, per device."""
-    from solver.sharding.redistribute import local_bytes
-    from solver.sharding.rules import StrategyError, shard, strategy_of
+    from solver.spmd.redistribute import local_bytes
+    from solver.spmd.rules import StrategyError, shard, strategy_of
 
     op = sm.ops[i]
     tensors = [*op.data_inputs, *op.outputs]
@@ -56,8 +56,8 @@ def universal_bound(sm, cluster: Cluster) -> float:
 
     p, F, M: devices used, local FLOPs and bytes of one split (:func:`op_work`); b the
     memory bandwidth. Operators are priced once per signature."""
-    from solver.sharding.mesh import Mesh
-    from solver.sharding.program import Planner
+    from solver.spmd.mesh import Mesh
+    from solver.spmd.program import Planner
 
     if not sm.ops:
         return 0.0

@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from solver.cluster import Cluster
-from solver.errors import MtppError
-from solver.plan import relative_gap
-from solver.sharding.mesh import Mesh
-from solver.sharding.rules import Strategy
+from solver.core.cluster import Cluster
+from solver.core.errors import MtppError
+from solver.pipeline.plan import relative_gap
+from solver.spmd.mesh import Mesh
+from solver.spmd.rules import Strategy
 
 JOINT_FORMAT = "mtpp-joint-plan"
 JOINT_VERSION = 1
@@ -126,7 +126,7 @@ class JointPlan:
 
 def save_joint_plan(plan: JointPlan, path: str | Path) -> None:
     """Write the plan's JSON atomically (a temporary name renamed into place)."""
-    from solver.files import write_json_atomic
+    from solver.core.files import write_json_atomic
 
     write_json_atomic(path, plan.to_dict())
 
@@ -149,8 +149,8 @@ def price_stages(sm, cluster: Cluster, specs: list[StageSpec], memory: float | N
     Returns ``(stages, over)`` where ``over`` names the first stage over its memory limit."""
     from solver.joint.segment import make_segment, tensor_bytes
     from solver.joint.submesh import stage_limit, sub_cluster, transfer_time
-    from solver.sharding.mesh import mesh_on
-    from solver.sharding.program import Planner, evaluate
+    from solver.spmd.mesh import mesh_on
+    from solver.spmd.program import Planner, evaluate
 
     stage_of: dict[str, int] = {}
     segs, stages = [], []
@@ -219,9 +219,9 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
     ONNX path or a ShardModel), every stage is priced again and a number that differs from
     the file's (a tampered plan) is refused with one line, as is a plan that does not cover
     the model's operators in order."""
-    from solver.cluster import cluster_from_dict
-    from solver.files import read_json
-    from solver.plan import ERROR, FEASIBLE, INFEASIBLE, INVALID, OPTIMAL, UNKNOWN
+    from solver.core.cluster import cluster_from_dict
+    from solver.core.files import read_json
+    from solver.pipeline.plan import ERROR, FEASIBLE, INFEASIBLE, INVALID, OPTIMAL, UNKNOWN
 
     where = str(path)
     data = read_json(path, "joint plan")
@@ -328,8 +328,8 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
 def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
     """Price every stage again on ``model``; refuse a plan whose stages do not cover the
     model's operators in order, or whose numbers differ from the recomputed ones."""
-    from solver.sharding.mesh import mesh_on
-    from solver.sharding.model import ShardModel, load_model
+    from solver.spmd.mesh import mesh_on
+    from solver.spmd.model import ShardModel, load_model
 
     sm = model if isinstance(model, ShardModel) else load_model(model)
     names = [op.name for op in sm.ops]

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.cluster import Cluster
-from solver.errors import MtppError
+from solver.core.cluster import Cluster
+from solver.core.errors import MtppError
 from solver.joint.bound import op_work, split_tuples, universal_bound
 from solver.joint.plan import JointPlan, StageSpec, price_stages
 from solver.joint.segment import Segment, cut_points, make_segment, tensor_bytes
 from solver.joint.submesh import SPACES, SubMesh, candidates, stage_limit, sub_cluster
-from solver.plan import OPTIMAL
-from solver.sharding.rules import Strategy
+from solver.pipeline.plan import OPTIMAL
+from solver.spmd.rules import Strategy
 
 HEURISTICS = ("dp", "megatron", "propagate")
 EXACT_SHARE = 0.25  # most of the time left one exact segment solve may take
@@ -177,7 +177,7 @@ class _Search:
     def _whole(self, m: int):
         """The whole model's Planner on sub-mesh m (one per alike sub-meshes) and the prefix
         sums of each operator's least compute there."""
-        from solver.sharding.program import Planner
+        from solver.spmd.program import Planner
 
         key = self.mesh_key(m)
         got = self._wholes.get(key)
@@ -194,7 +194,7 @@ class _Search:
     def _planner(self, seg: Segment, m: int):
         """A Planner of the segment that shares the whole model's caches: they are keyed by
         operator signature, so a repeated operator is sharded and priced once per mesh."""
-        from solver.sharding.program import Planner
+        from solver.spmd.program import Planner
 
         mesh = self.meshes[m]
         planner = Planner(seg.sm, mesh.mesh, sub_cluster(self.cluster, mesh.devices))
@@ -220,9 +220,9 @@ class _Search:
 
     def _initial(self, seg: Segment, m: int) -> PairCost:
         """Both costs of a pair: the lower one and the best heuristic plan that fits."""
-        from solver.sharding.patterns import data_parallel_plan, megatron_plan
-        from solver.sharding.program import evaluate
-        from solver.sharding.propagate import propagate
+        from solver.spmd.patterns import data_parallel_plan, megatron_plan
+        from solver.spmd.program import evaluate
+        from solver.spmd.propagate import propagate
 
         pc = self._least(seg, m)
         if pc.infeasible:
@@ -247,7 +247,7 @@ class _Search:
         """Solve segment a..b on sub-mesh m exactly; True when something was done. The first
         solve gets a share of the time left; ``again``: a pair whose last solve ran out of
         time unproven is solved with twice that time (at most the time left)."""
-        from solver.sharding.solve import solve_sharding
+        from solver.spmd.solve import solve_sharding
 
         pc = self.pair(a, b, m)
         if pc.infeasible or pc.upper <= pc.lower or pc.exact_tried != again:
@@ -521,7 +521,7 @@ def _span(devices) -> str:
 
 
 def _fmt_bytes(x: float) -> str:
-    from solver.units import format_bytes
+    from solver.core.units import format_bytes
 
     return f"{format_bytes(x)} ({x:.0f} bytes)"
 
@@ -567,10 +567,10 @@ def plan_joint(
     ``space`` (module docstring). ``memory``: bytes or "40GB" per device (default: each
     device's capacity); ``gap``: stop once the relative gap is at most this. Raises
     :class:`MtppError` when no plan of the space fits."""
-    from solver.cluster import load_cluster
-    from solver.plan import FEASIBLE, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
-    from solver.sharding.model import ShardModel, load_model
-    from solver.units import parse_memory
+    from solver.core.cluster import load_cluster
+    from solver.core.units import parse_memory
+    from solver.pipeline.plan import FEASIBLE, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
+    from solver.spmd.model import ShardModel, load_model
 
     t0, clock0 = time.perf_counter(), _clock()  # loading the model counts
 

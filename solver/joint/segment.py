@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.sharding.model import Op, ShardModel, Unloaded
+from solver.spmd.model import Op, ShardModel, Unloaded
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cluster import Cluster
-from solver.sharding.lockstep import sub_cluster  # noqa: F401  (moved there; re-exported)
-from solver.sharding.mesh import Mesh, mesh_on
+from solver.core.cluster import Cluster
+from solver.core.cluster_views import sub_cluster  # noqa: F401  (moved there; re-exported)
+from solver.spmd.mesh import Mesh, mesh_on
 
 SPACES = ("joint", "pipeline", "sharding")
 

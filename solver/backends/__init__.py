@@ -1,0 +1,2 @@
+"""Back ends: what a plan becomes after planning (simulation, exported models, verification,
+runs)."""

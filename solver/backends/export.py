@@ -1,0 +1,642 @@
+"""Write a plan as a sharded ONNX model, and prove it computes what the original did.
+
+Output folder (written to a temporary folder beside it and renamed into place, so an
+interrupted export leaves nothing half-written; an existing non-empty folder is replaced only
+with ``force``, and only after the new one is complete):
+
+- ``annotated.onnx``: the full model with the int attributes ``__ipu_number`` (device) and
+  ``__pipeline_stage`` (stage) on every node, as PopART and PopRT expect;
+- ``stage{s}.onnx``: one model per non-empty stage with explicit boundary tensors. Inputs are
+  tensors from earlier stages or model inputs; outputs are what later stages or the model's
+  outputs need. Constant subgraphs are replicated into every stage that reads them;
+- ``stage{s}.onnx.data``: when the original kept weights in external data, the byte ranges
+  stage ``s`` needs, copied from the original data file(s) in chunks by the kernel, skipping
+  holes (a sparse file stays sparse). ``annotated.onnx`` references these same files (and
+  ``annotated.onnx.data`` for weights no stage reads), so the weights are stored once per
+  stage, never read into Python, and every location stays inside the folder, as onnxruntime
+  requires. Weights stored inline stay inline;
+- ``sharding.yaml``: the plan as PopRT-style manual sharding points, which ``--method manual``
+  reads back to the same plan;
+- ``stages.json``: stage inputs/outputs, the memory estimate and, with ``verify``, the result.
+
+The model is loaded without its external data and checked by path (the in-memory checker and
+protobuf stop at 2 GiB), so peak memory follows the size of the graph, not of the weights.
+
+``verify`` runs the original model and the chained stage models in onnxruntime on seeded
+random inputs, checks that every model output has the original's shape and kind of dtype, and
+reports the largest absolute difference, held per output to the tolerance given or to the
+default of its type (1e-4 for float32/float64, 1e-2 for float16/bfloat16, exact for integers
+and bools); a NaN in either output fails the check. It needs about
+the model's weights plus activations in memory (:func:`memory_estimate`) and refuses when that
+exceeds the memory available, unless ``verify_memory_ok``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from solver.core.errors import MtppError, first_line
+from solver.core.graph import Graph
+from solver.core.outdir import replace_dir, temp_dir_beside
+from solver.frontends.onnx.ort import external_range, held_bytes, weight_bytes, weights_detail
+
+ALIGN = 4096  # offsets of copied tensors, so that onnxruntime may map them page by page
+CHUNK = 64 << 20  # bytes per copy call
+MAX_OPEN = 64  # source data files kept open at once
+
+
+def onnx_placement(model, g: Graph, assignment: np.ndarray) -> tuple[list[int], set[int]]:
+    """Device of every ONNX node, and the indices of the static (replicable) ones.
+
+    Operators and views take the block of the cost node they were folded into; static
+    (constant) nodes take the smallest device among their readers, so the annotated model
+    never sends a tensor backwards.
+    """
+    from solver.frontends.onnx.common import node_names as _node_names
+
+    names = _node_names(model)
+    members = g.hints.get("members")
+    if members is None:
+        raise MtppError(
+            "export needs a graph imported from ONNX (the plan's graph has no ONNX node mapping)"
+        )
+    static_names = set(g.hints.get("static_nodes", []))
+    device_of = {}
+    for cost_name, onnx_names in members.items():
+        d = int(assignment[g.index[cost_name]])
+        for nm in onnx_names:
+            if nm not in static_names:
+                device_of[nm] = d
+    static = {i for i, nm in enumerate(names) if nm in static_names or nm not in device_of}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(model.graph.node):
+        for x in node.input:
+            if x:
+                readers.setdefault(x, []).append(i)
+    dev = [device_of.get(nm, -1) for nm in names]
+    for i in reversed(range(len(names))):  # statics: the earliest device that reads them
+        if i in static:
+            ds = [
+                dev[j]
+                for o in model.graph.node[i].output
+                for j in readers.get(o, [])
+                if dev[j] >= 0
+            ]
+            dev[i] = min(ds) if ds else 0
+    return dev, static
+
+
+def _value_info(name: str, shapes) -> object:
+    from onnx import helper
+
+    shape, et = shapes.get(name, (None, 1))
+    return helper.make_tensor_value_info(name, et or 1, list(shape) if shape is not None else None)
+
+
+def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> list[dict]:
+    """For every stage: the node indices (statics replicated), inputs, outputs, initializers."""
+    from solver.frontends.onnx.common import CONTROL_FLOW
+    from solver.frontends.onnx.common import subgraph_inputs as _subgraph_inputs
+
+    g = model.graph
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    inits = {t.name for t in g.initializer}
+    graph_inputs = {i.name for i in g.input if i.name not in inits}
+    graph_outputs = [o.name for o in g.output]
+
+    def reads(i: int) -> list[str]:
+        node = g.node[i]
+        xs = [x for x in node.input if x]
+        if node.op_type in CONTROL_FLOW:
+            xs += [x for x in _subgraph_inputs(node) if x not in xs]
+        return xs
+
+    need_later: dict[str, set[int]] = {}
+    for i, node in enumerate(g.node):
+        if i in static:
+            continue
+        for x in reads(i):
+            p = producer.get(x)
+            if p is not None and p not in static and dev[p] != dev[i]:
+                if dev[p] > dev[i]:
+                    raise MtppError(
+                        f"node {node.name or i!r} on device {dev[i]} reads {x!r} from the "
+                        f"later device {dev[p]}: the plan does not respect the graph order"
+                    )
+                need_later.setdefault(x, set()).add(dev[i])
+    stages = []
+    for s in range(k):
+        own = [i for i in range(len(g.node)) if i not in static and dev[i] == s]
+        if not own:
+            stages.append({"stage": s, "nodes": [], "inputs": [], "outputs": [], "inits": []})
+            continue
+        take, todo = set(own), list(own)
+        inputs, used_inits = [], set()
+        while todo:
+            i = todo.pop()
+            for x in reads(i):
+                p = producer.get(x)
+                if x in inits:
+                    used_inits.add(x)
+                elif p is not None and p in static:
+                    if p not in take:
+                        take.add(p)
+                        todo.append(p)
+                elif x not in inputs and (
+                    (p is None and x in graph_inputs) or (p is not None and dev[p] != s)
+                ):
+                    inputs.append(x)
+        produced = {o for i in own for o in g.node[i].output if o}
+        outputs = [x for x in produced if need_later.get(x) or x in graph_outputs]
+        outputs.sort(key=lambda x: (x not in graph_outputs, x))
+        stages.append(
+            {
+                "stage": s,
+                "nodes": sorted(take),
+                "inputs": inputs,
+                "outputs": outputs,
+                "inits": sorted(used_inits),
+            }
+        )
+    return stages
+
+
+def _build_stage(model, st: dict, shapes):
+    """The stage model, built from the node and initializer protos of ``model``: external
+    tensors still point at the original data (their bytes are never loaded)."""
+    from onnx import helper
+
+    g = model.graph
+    init_by_name = {t.name: t for t in g.initializer}
+    graph = helper.make_graph(
+        [g.node[i] for i in st["nodes"]],
+        f"{g.name or 'model'}_stage{st['stage']}",
+        [_value_info(x, shapes) for x in st["inputs"]],
+        [_value_info(x, shapes) for x in st["outputs"]],
+        initializer=[init_by_name[x] for x in st["inits"]],
+    )
+    m = helper.make_model(graph, opset_imports=list(model.opset_import))
+    m.ir_version = max(model.ir_version, 4)  # IR < 4 needs every initializer as an input
+    m.functions.extend(model.functions)
+    return m
+
+
+# ---------------------------------------------------------------------- external data, by copy
+def copy_range(src: int, dst: int, src_off: int, dst_off: int, length: int) -> int:
+    """Copy ``length`` bytes between open files, skipping the holes of the source (found with
+    SEEK_DATA / SEEK_HOLE), so that a sparse source stays sparse; returns the bytes copied.
+
+    The data goes through ``os.copy_file_range`` (in the kernel, a reflink where the file
+    system can), else through a ``CHUNK``-sized buffer: memory stays bounded by one chunk.
+    """
+    end, pos, copied = src_off + length, src_off, 0
+    while pos < end:
+        try:
+            data = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole up to the end of the file
+                break
+            data = pos  # no SEEK_DATA here: treat everything as data
+        if data >= end:
+            break
+        try:
+            hole = os.lseek(src, data, os.SEEK_HOLE)
+        except OSError:
+            hole = end
+        stop = min(max(hole, data + 1), end)
+        _copy_bytes(src, dst, data, dst_off + (data - src_off), stop - data)
+        copied += stop - data
+        pos = stop
+    return copied
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ETXTBSY}
+
+
+def _copy_bytes(src: int, dst: int, s: int, d: int, n: int) -> None:
+    kernel = hasattr(os, "copy_file_range")
+    while n > 0:
+        step = min(n, CHUNK)
+        done = 0
+        if kernel:
+            try:
+                done = os.copy_file_range(src, dst, step, s, d)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False  # another file system, or not supported: copy by buffer
+        if not kernel:
+            buf = os.pread(src, step, s)
+            done = os.pwrite(dst, buf, d) if buf else 0
+        if done <= 0:
+            raise MtppError(
+                "an external data file ended early while copying weights; it changed during "
+                "the export"
+            )
+        s, d, n = s + done, d + done, n - done
+
+
+class _DataFiles:
+    """The data files of one export: each tensor range copied once per output file.
+
+    ``add`` copies one source range into a named output file (created on first use) at the
+    next ``ALIGN``-ed offset and returns that offset; ``where`` says where a range already is.
+    """
+
+    def __init__(self, src_dir: Path, out_dir: Path):
+        self.src_dir, self.out_dir = src_dir, out_dir
+        self.src: dict[str, int] = {}
+        self.dst: dict[str, list[int]] = {}  # name -> [fd, end]
+        self.placed: dict[tuple[str, int, int], dict[str, int]] = {}
+        self.copied = 0
+
+    def add(self, name: str, key: tuple[str, int, int]) -> int:
+        at = self.placed.setdefault(key, {})
+        if name in at:
+            return at[name]
+        loc, offset, length = key
+        if loc not in self.src:
+            if len(self.src) >= MAX_OPEN:  # one file per tensor (onnx's default): few fds
+                for fd in self.src.values():
+                    os.close(fd)
+                self.src = {}
+            self.src[loc] = os.open(self.src_dir / loc, os.O_RDONLY)
+        if name not in self.dst:
+            fd = os.open(self.out_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            self.dst[name] = [fd, 0]
+        fd, end = self.dst[name]
+        pos = -(-end // ALIGN) * ALIGN
+        self.copied += copy_range(self.src[loc], fd, offset, pos, length)
+        self.dst[name][1] = pos + length
+        at[name] = pos
+        return pos
+
+    def where(self, key: tuple[str, int, int]) -> tuple[str, int] | None:
+        for name, pos in self.placed.get(key, {}).items():
+            return name, pos
+        return None
+
+    def close(self) -> None:
+        """Give every output file its full size (a trailing hole stays a hole), close all."""
+        for fd, end in self.dst.values():
+            try:
+                os.ftruncate(fd, end)
+            finally:
+                os.close(fd)
+        for fd in self.src.values():
+            os.close(fd)
+        self.src, self.dst = {}, {}
+
+
+def _point(t, location: str, offset: int, length: int) -> None:
+    del t.external_data[:]
+    for key, val in (("location", location), ("offset", offset), ("length", length)):
+        t.external_data.add(key=key, value=str(val))
+
+
+def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
+    """Save ``m`` at ``path`` with every external tensor moved into the folder: copied into
+    ``<name>.data``, or, with ``reuse``, pointed at a copy another file of the folder holds.
+    Then run the ONNX checker on the saved file (by path: external data and > 2 GiB work)."""
+    import onnx
+    from onnx import TensorProto
+
+    from solver.frontends.onnx.common import model_tensors
+
+    own = path.name + ".data"
+    try:
+        for t in model_tensors(m):
+            if t.data_location != TensorProto.EXTERNAL:
+                continue
+            key = external_range(t)
+            found = data.where(key) if reuse else None
+            name, pos = found if found else (own, data.add(own, key))
+            _point(t, name, pos, key[2])
+        path.write_bytes(m.SerializeToString())
+    except OSError as e:  # a full disk, a quota: the user's to fix, not a crash
+        raise MtppError(
+            f"export: cannot write {path.name} or its data in {path.parent.parent}: "
+            f"{e.strerror or e}"
+        ) from None
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        first = first_line(e, "invalid model")
+        raise MtppError(f"export: the ONNX checker rejects {path.name}: {first}") from None
+
+
+# ---------------------------------------------------------------------- memory
+def _bytes_of(names, shapes) -> float:
+    from solver.frontends.onnx.common import dtype_bytes
+    from solver.frontends.onnx.flops import numel
+
+    total = 0.0
+    for x in names:
+        shape, et = shapes.get(x, (None, 1))
+        if shape is not None:
+            total += numel(shape) * dtype_bytes(et or 1)
+    return total
+
+
+def memory_estimate(model, g: Graph, a: np.ndarray, stages: list[dict], shapes) -> dict:
+    """Bytes of memory a verify and a pipelined run need (an estimate, not a bound).
+
+    Weights are counted from the protos without reading them, as onnxruntime holds them
+    (:func:`solver.frontends.onnx.ort.held_bytes`). Activations: the liveness peak of
+    the cost graph in topological order (:func:`solver.frontends.onnx.ort.activation_peak`) for the
+    whole model, and per stage that of its nodes plus its boundary tensors. ``verify`` runs the
+    full model, then the stages one at a time holding every boundary tensor; ``run`` holds
+    every stage at once (one process each) plus the requests in flight, then the full model.
+    """
+    from solver.core.graph import induced_subgraph
+    from solver.frontends.onnx.common import graph_tensors, node_tensors, subgraphs
+    from solver.frontends.onnx.ort import activation_peak
+
+    gr = model.graph
+    init_by_name = {t.name: t for t in gr.initializer}
+    stored, weights = weight_bytes(model)
+    act_full = activation_peak(g)
+    per_stage = []
+    boundary = _bytes_of({x for st in stages for x in st["outputs"]}, shapes)
+    for st in stages:
+        if not st["nodes"]:
+            continue
+        w = sum(held_bytes(init_by_name[x]) for x in st["inits"])
+        for i in st["nodes"]:
+            node = gr.node[i]
+            w += sum(held_bytes(t) for t in node_tensors(node))
+            w += sum(held_bytes(t) for sub in subgraphs(node) for t in graph_tensors(sub))
+        nodes = np.flatnonzero(a == st["stage"])
+        act = activation_peak(induced_subgraph(g, nodes)) if len(nodes) else 0.0
+        act += _bytes_of(st["inputs"], shapes) + _bytes_of(st["outputs"], shapes)
+        per_stage.append({"stage": st["stage"], "weights": float(w), "activations": act})
+    feeds = _bytes_of([i.name for i in gr.input if i.name not in init_by_name], shapes)
+    full = weights + act_full
+    chained = max((s["weights"] + s["activations"] for s in per_stage), default=0.0)
+    in_flight = (4 * len(per_stage) + 4) * (feeds + boundary)  # solver.backends.run's window
+    pipeline = sum(s["weights"] + s["activations"] for s in per_stage) + in_flight
+    return {
+        "weights_stored": stored,
+        "weights": weights,
+        "activations": act_full,
+        "stages": per_stage,
+        "verify": max(full, chained + feeds + boundary),
+        "run": max(full, pipeline),
+    }
+
+
+def check_estimate(est: dict, which: str, what: str, fix: str) -> None:
+    """Refuse (one line, exit 2) when the ``which`` estimate exceeds the available memory."""
+    from solver.core.units import format_bytes
+    from solver.frontends.onnx.ort import check_memory
+
+    held = weights_detail(est["weights_stored"], est["weights"])
+    detail = f"estimated: {held}; activations {format_bytes(est['activations'])}"
+    check_memory(est[which], what, detail, fix)
+
+
+def export_plan(
+    model_path: str | Path,
+    g: Graph,
+    assignment: np.ndarray,
+    out_dir: str | Path,
+    dims: dict[str, int] | None = None,
+    stage: np.ndarray | None = None,
+    verify: bool = False,
+    tolerance: float | None = None,
+    seed: int = 0,
+    force: bool = False,
+    inputs: list[str | Path] = (),
+    verify_memory_ok: bool = False,
+    before_write=None,
+    placement: np.ndarray | None = None,
+) -> dict:
+    """Write the annotated model, the stage models and the sharding YAML; return a report.
+
+    ``placement`` (the device of each block, :attr:`solver.pipeline.plan.Plan.placement`) makes a
+    node
+    of block b carry ``__ipu_number = placement[b]`` (``sharding.yaml`` too); its stage stays
+    as it was. None: block b runs on device b.
+
+    ``out_dir`` is checked first (:func:`solver.core.files.check_output_dir` with the model and
+    ``inputs``): an existing non-empty folder is replaced only with ``force``. With ``verify``,
+    the memory it needs is checked against the memory available before anything is written
+    (skipped with ``verify_memory_ok``); ``before_write(estimate)`` may refuse too.
+    ``tolerance`` None holds each output to the default of its type (:func:`default_tolerance`).
+    """
+    import onnx
+    from onnx import helper
+
+    from solver.core.files import check_output_dir
+    from solver.frontends.onnx.load import check_external_paths
+    from solver.frontends.onnx.shapes import complete_shapes, fix_dims
+    from solver.frontends.sharding_points import to_sharding_yaml
+
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    check_output_dir(out_dir, [model_path, *inputs], force=force, what="export")
+    a = np.asarray(assignment, dtype=np.int64)
+    stage = a if stage is None else np.asarray(stage)
+    k = int(a.max()) + 1
+    place = np.arange(k) if placement is None else np.asarray(placement, dtype=np.int64)
+    if len(place) < k:
+        raise MtppError(f"the placement lists {len(place)} devices but the plan has {k} blocks")
+    model = onnx.load(str(model_path), load_external_data=False)
+    check_external_paths(model, model_path.parent)
+    fix_dims(model, dict(dims or {}))
+    shapes = complete_shapes(model, model_path.parent)[0]
+    dev, static = onnx_placement(model, g, a)
+    stage_of_block = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
+    stages = stage_models(model, dev, static, shapes, k)
+    estimate = memory_estimate(model, g, a, stages, shapes)
+    if verify and not verify_memory_ok:
+        check_estimate(
+            estimate,
+            "verify",
+            "--verify (the full model, then the stages, in onnxruntime)",
+            "pass --verify-memory-ok to run it anyway, or export without --verify",
+        )
+    if before_write is not None:
+        before_write(estimate)
+
+    tmp = temp_dir_beside(out_dir)
+    data = _DataFiles(model_path.parent, tmp)
+    try:
+        files = []
+        for st in stages:
+            if not st["nodes"]:
+                continue
+            m = _build_stage(model, st, shapes)
+            name = f"stage{st['stage']}.onnx"
+            _write_model(m, tmp / name, data, reuse=False)
+            files.append(name)
+        # the annotated model is the loaded one (no weight bytes in it), annotated in place
+        for node, b in zip(model.graph.node, dev, strict=True):
+            keep = [x for x in node.attribute if x.name not in ("__ipu_number", "__pipeline_stage")]
+            del node.attribute[:]
+            node.attribute.extend(keep)
+            node.attribute.append(helper.make_attribute("__ipu_number", int(place[b])))
+            node.attribute.append(
+                helper.make_attribute("__pipeline_stage", stage_of_block.get(int(b), int(b)))
+            )
+        _write_model(model, tmp / "annotated.onnx", data, reuse=True)
+        data_files = sorted(data.dst)
+        data.close()
+        (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, place[a], stage))
+        report = {
+            "model": str(model_path),
+            "devices": k,
+            "placement": place[:k].tolist(),
+            "stages": [
+                {
+                    "stage": st["stage"],
+                    "file": f"stage{st['stage']}.onnx" if st["nodes"] else None,
+                    "onnx_nodes": len(st["nodes"]),
+                    "inputs": st["inputs"],
+                    "outputs": st["outputs"],
+                }
+                for st in stages
+            ],
+            "graph_outputs": [o.name for o in model.graph.output],
+            "memory": estimate,
+            "data_files": data_files,
+            "weight_bytes_copied": data.copied,
+        }
+        if verify:
+            report["verify"] = verify_stages(model_path, model, tmp, report, tolerance, seed)
+            report["verify"]["memory_estimate"] = estimate["verify"]
+        (tmp / "stages.json").write_text(json.dumps(report, indent=1))
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        data.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+# default --tolerance by ONNX output type: fp32/fp64 sessions agree to rounding; fp16/bf16
+# stage and full sessions fuse (and cast) ops differently, a few fp16 ulps (measured 2.4e-4)
+FLOAT_TOLERANCE = 1e-4
+HALF_TOLERANCE = 1e-2
+
+
+def default_tolerance(elem_type: int) -> float:
+    """Largest absolute difference allowed on an output of this ONNX element type when the user
+    gives no ``--tolerance``: 1e-4 for float32/float64 (and complex), 1e-2 for float16/bfloat16,
+    0 (exact) for integers, bools, strings and the 8-bit floats."""
+    from onnx import TensorProto
+
+    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return HALF_TOLERANCE
+    if elem_type in (
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.COMPLEX64,
+        TensorProto.COMPLEX128,
+    ):
+        return FLOAT_TOLERANCE
+    return 0.0
+
+
+def _elem_type(model, name: str, value: np.ndarray) -> int:
+    """ONNX element type of a model output: as declared, else from the value onnxruntime gave."""
+    from onnx import helper
+
+    for o in model.graph.output:
+        if o.name == name and o.type.tensor_type.elem_type:
+            return int(o.type.tensor_type.elem_type)
+    try:
+        return int(helper.np_dtype_to_tensor_dtype(value.dtype))
+    except (KeyError, TypeError, ValueError):
+        return 0  # a type onnx does not name: compared exactly
+
+
+def verify_stages(
+    model_path: Path, model, folder: Path, report: dict, tolerance: float | None, seed: int
+) -> dict:
+    """Run the original and the chained stages on the same random inputs; compare outputs.
+
+    Every output is held to ``tolerance`` or, when it is None, to the default of its element
+    type (:func:`default_tolerance`); the report names the tolerance used per output.
+    """
+    import onnxruntime as ort
+
+    from solver.frontends.onnx.ort import random_inputs
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    feeds = random_inputs(model, seed=seed)
+    full = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
+    del full  # one model in memory at a time (see memory_estimate)
+    env = dict(feeds)
+    for st in report["stages"]:
+        if not st["file"]:
+            continue
+        sess = ort.InferenceSession(
+            str(folder / st["file"]), so, providers=["CPUExecutionProvider"]
+        )
+        outs = sess.run(st["outputs"], {x: env[x] for x in st["inputs"]})
+        del sess
+        env.update(zip(st["outputs"], outs, strict=True))
+    diffs: dict[str, float | None] = {}
+    tols: dict[str, float] = {}
+    problems: list[str] = []
+    for name, ref in want.items():
+        if name not in env:
+            raise MtppError(f"verify: no stage produces the model output {name!r}")
+        ref = np.asarray(ref)
+        tols[name] = (
+            tolerance if tolerance is not None else default_tolerance(_elem_type(model, name, ref))
+        )
+        diffs[name], problem = compare_output(name, ref, np.asarray(env[name]))
+        if problem:
+            problems.append(problem)
+    over = [x for x, d in diffs.items() if d is not None and d > tols[x]]
+    compared = [d for d in diffs.values() if d is not None]
+    worst = max(compared) if compared else None  # None: no output could be compared
+    return {
+        "max_abs_diff": worst,
+        "per_output": diffs,
+        "problems": problems,
+        "tolerance": tolerance,  # None: each output's default, in tolerance_per_output
+        "tolerance_per_output": tols,
+        "over_tolerance": over,  # outputs whose difference exceeds their tolerance
+        "ok": not problems and not over,
+        "seed": seed,
+    }
+
+
+def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> tuple[float | None, str | None]:
+    """Largest absolute difference of one model output, or None and the reason it cannot pass.
+
+    Shapes and kinds of dtype (float, int, bool, ...) must agree before values are compared
+    (broadcasting would hide a wrong shape), and a NaN on either side is a failure, never a
+    pass: NaN compares unequal to everything, so a max over differences would drop it.
+    """
+    if ref.shape != got.shape:
+        return None, f"{name}: shape {list(got.shape)} from the stages, {list(ref.shape)} expected"
+    if ref.dtype.kind != got.dtype.kind:
+        return None, f"{name}: dtype {got.dtype} from the stages, {ref.dtype} expected"
+    if ref.dtype.kind in "fc":
+        for side, x in (("original model", ref), ("stages", got)):
+            if np.isnan(x).any():
+                return None, f"{name}: the {side} output has NaN"
+        if not np.array_equal(np.isinf(ref), np.isinf(got)) or not np.array_equal(
+            ref[np.isinf(ref)], got[np.isinf(got)]
+        ):
+            return None, f"{name}: infinities differ between the original and the stages"
+        fin = np.isfinite(ref)
+        diff = np.abs(got[fin].astype(np.float64) - ref[fin].astype(np.float64))
+        return (float(diff.max()) if diff.size else 0.0), None
+    if ref.dtype.kind in "iub":
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        return (float(diff.max()) if diff.size else 0.0), None
+    if np.array_equal(ref, got):
+        return 0.0, None
+    return None, f"{name}: values differ"

@@ -1,0 +1,237 @@
+"""Discrete-event simulation of a joint plan: pipeline stages, each an SPMD program on its
+own devices, handling requests one after another (``mtpp simulate joint.json``).
+
+Stage s handles request r once the stages it receives from have sent r (plus the link's
+latency), once stage s-1 has handled r, and once it has finished r-1 itself. For each request
+it receives its inputs, runs its sharded program (every operator's local compute and the
+collectives that redistribute its inputs, then the reduction of outputs left as partial sums)
+and sends its outputs. Everything is rebuilt here from the model, the cluster and the
+strategies, not read from the plan's numbers:
+
+- the program: :func:`solver.spmd.evaluate` on the stage's sub-model and mesh
+  (:func:`solver.backends.export_joint.stage_programs`);
+- a transfer of B bytes from stage s (devices S) to stage t (devices T) costs
+  ``B / (min(|S|, |T|) * bw)`` on both sides, ``bw`` the slowest ``cluster.link`` between a
+  device of S and one of T, and arrives after the largest latency of those links; a tensor
+  read by two later stages is sent twice; model inputs and outputs move free.
+
+The machinery of :mod:`solver.backends.simulate` is reused: a
+:class:`~solver.backends.simulate.DeviceProgram`
+per stage, its :class:`~solver.backends.simulate.Simulation` record (per device: every device of a
+stage shows that stage's phases) and its Gantt chart. Its event loop is not: that one walks
+the pipeline graph's blocks and its transfer rule; this one walks stages. The simulated
+period equals the plan's objective, max stage time, and the first request's latency the sum
+of the stage times plus the link latencies on its way; a stage whose recorded time differs
+from the simulated one is reported as a violation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.backends.export_joint import StageProgram, stage_programs
+from solver.backends.simulate import DeviceProgram, Simulation, check_simulation_size
+from solver.joint.submesh import stage_limit
+from solver.spmd.model import ShardModel
+
+AGREE = 1e-9  # relative difference between a recorded and a simulated time still "equal"
+
+
+def transfer(plan, sm: ShardModel, src, dst, tensor: str) -> tuple[float, float]:
+    """(seconds on each side, latency) of ``tensor`` from stage ``src`` to stage ``dst``."""
+    links = [plan.cluster.link(int(a), int(b)) for a in src.devices for b in dst.devices]
+    bw = min(x[0] for x in links)
+    lat = max(x[1] for x in links)
+    size = float(math.prod(sm.shapes[tensor]) * sm.itemsize(tensor))
+    return size / (min(len(src.devices), len(dst.devices)) * bw), lat
+
+
+def stage_device_programs(plan, sm: ShardModel, programs: list[StageProgram]):
+    """Per stage: messages in (one per tensor and sending stage), its operators' compute plus
+    input redistributions, the output reduction, and messages out (one per receiving stage).
+    Returns the programs and the names their integer tensor ids stand for."""
+    made_by = {}
+    for pos, p in enumerate(programs):
+        for op in p.sm.ops:
+            for t in op.outputs:
+                made_by[t] = pos
+    names: list[str] = []
+    tid: dict[str, int] = {}
+    progs = [DeviceProgram() for _ in programs]
+    for pos, p in enumerate(programs):
+        prog = progs[pos]
+        for v in range(len(p.program.names)):
+            prog.ops.append((v, p.program.compute[v] + p.program.comm[v]))
+        if p.program.output_comm:
+            prog.ops.append((len(p.program.names), p.program.output_comm))
+        for t in dict.fromkeys(p.stage.inputs):
+            src = made_by.get(t)
+            if src is None:  # a model input: it arrives free, as in the sharding cost model
+                continue
+            seconds, lat = transfer(plan, sm, programs[src].stage, p.stage, t)
+            i = tid.setdefault(t, len(names))
+            if i == len(names):
+                names.append(t)
+            prog.recv.append((i, seconds))
+            progs[src].send.append((i, seconds))
+            prog.senders.add(src)
+            prog.latency[src] = max(prog.latency.get(src, 0.0), lat)
+    return progs, names
+
+
+@dataclass
+class JointSimulation:
+    """The pipeline's period, latency and utilisation (``sim``) and every stage's parts."""
+
+    sim: Simulation
+    stages: list[dict] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return self.sim.valid
+
+    def to_dict(self) -> dict:
+        out = self.sim.to_dict()
+        out["stages"] = self.stages
+        return out
+
+
+def simulate_joint(
+    plan,
+    sm: ShardModel,
+    requests: int = 100,
+    keep_timeline: int = 3,
+    programs: list[StageProgram] | None = None,
+) -> JointSimulation:
+    """Push ``requests`` requests through the stages of ``plan`` (``sm``: the model as
+    :func:`solver.spmd.load_model` reads it). All requests wait at time 0 to measure the
+    steady-state period; latency is then measured releasing one request per period, as
+    :func:`solver.backends.simulate.simulate` does. Raises :class:`MtppError` for a plan that does
+    not
+    fit the model (:func:`solver.backends.export_joint.check_stages`) or a run that is too large."""
+    check_simulation_size(len(plan.stages), int(requests))
+    if programs is None:
+        programs = stage_programs(plan, sm)
+    progs, _ = stage_device_programs(plan, sm, programs)
+    R = max(1, int(requests))
+    first = _run(progs, R, 0.0, keep_timeline)
+    finish, begin = first["finish"], first["begin"]
+    half = R // 2
+    if half < R - 1:
+        period = float((finish[-1] - finish[half]) / (R - 1 - half))
+    else:
+        period = float(finish[-1])
+    latency_mean = float(np.mean(finish - begin))
+    if R > 1 and period > 0:
+        paced = _run(progs, R, period, 0)
+        latency_mean = float(np.mean(paced["finish"] - paced["begin"]))
+    k = plan.cluster.devices
+    makespan = float(finish[-1])
+    busy = np.zeros(k)
+    memory = np.zeros(k)
+    activations = np.zeros(k)
+    timeline = []
+    for pos, p in enumerate(programs):
+        for d in p.stage.devices:
+            busy[int(d)] = first["busy"][pos]
+            memory[int(d)] = p.program.memory_per_device
+            activations[int(d)] = p.program.peak_activation_memory
+    for pos, r, kind, s, e in first["timeline"]:
+        timeline += [(int(d), r, kind, s, e) for d in programs[pos].stage.devices]
+    stages, violations = _stage_rows(plan, programs, progs)
+    sim = Simulation(
+        mode="pipelined",
+        overlap=False,
+        requests=R,
+        period=period,
+        throughput=1.0 / period if period > 0 else math.inf,
+        latency_first=float(finish[0] - begin[0]),
+        latency_mean=latency_mean,
+        makespan=makespan,
+        busy=busy / makespan if makespan > 0 else busy,
+        idle=1.0 - (busy / makespan if makespan > 0 else busy),
+        peak_memory=memory,
+        activation_peak=activations,
+        valid=not violations,
+        violations=violations,
+        timeline=timeline,
+    )
+    return JointSimulation(sim, stages)
+
+
+def _run(progs: list[DeviceProgram], R: int, interval: float, keep_timeline: int) -> dict:
+    """The event loop: stage ``i`` starts request ``r`` when its senders' messages arrived,
+    stage i-1 sent r, it sent r-1 itself, and r was released (``r * interval``)."""
+    n = len(progs)
+    start = np.zeros((n, R))
+    send_end = np.zeros((n, R))
+    busy = np.zeros(n)
+    timeline = []
+    for r in range(R):
+        for i, p in enumerate(progs):
+            ready = max((send_end[j, r] + p.latency[j] for j in p.senders), default=0.0)
+            ready = max(ready, r * interval, send_end[i - 1, r] if i else 0.0)
+            t0 = max(ready, send_end[i, r - 1] if r else 0.0)
+            t1 = t0 + p.t_recv
+            t2 = t1 + p.t_compute
+            send_end[i, r] = t2 + p.t_send
+            start[i, r] = t0
+            busy[i] += p.cycle
+            if r < keep_timeline:
+                phases = [("recv", t0, t1), ("compute", t1, t2), ("send", t2, send_end[i, r])]
+                timeline += [(i, r, kind, s, e) for kind, s, e in phases if e > s]
+    begin = np.maximum(start.min(axis=0), np.arange(R) * interval)
+    return {"finish": send_end.max(axis=0), "begin": begin, "busy": busy, "timeline": timeline}
+
+
+def _stage_rows(plan, programs, progs) -> tuple[list[dict], list[str]]:
+    """Per stage: devices, simulated parts and time, the plan's recorded time, collectives,
+    redistributions and memory; and every disagreement or memory excess as a violation."""
+    rows, bad = [], []
+    for p, dp in zip(programs, progs, strict=True):
+        st, prog = p.stage, p.program
+        recorded = float(st.time)
+        simulated = dp.cycle
+        agree = math.isclose(recorded, simulated, rel_tol=AGREE, abs_tol=1e-15)
+        if not agree:
+            bad.append(
+                f"stage {st.index}: the plan records {recorded:.9g} s but its program and "
+                f"transfers take {simulated:.9g} s"
+            )
+        limit = stage_limit(plan.cluster, st.devices, plan.memory_limit)
+        if limit is not None and prog.memory_per_device > limit:
+            bad.append(
+                f"stage {st.index}: {prog.memory_per_device:.6g} bytes per device exceed the "
+                f"limit {limit:.6g}"
+            )
+        rows.append(
+            {
+                "stage": st.index,
+                "devices": [int(d) for d in st.devices],
+                "mesh": list(st.mesh.shape),
+                "ops": len(prog.names),
+                "recv": dp.t_recv,
+                "program": dp.t_compute,
+                "send": dp.t_send,
+                "time": simulated,
+                "recorded_time": recorded,
+                "agrees": agree,
+                "compute": math.fsum(prog.compute),
+                "communication": math.fsum(prog.comm) + prog.output_comm,
+                "collectives": prog.collectives(),
+                "redistributions": [
+                    {
+                        "consumer": consumer,
+                        "collectives": list(r.collectives),
+                        "bytes_per_device": r.bytes_per_device,
+                        "time": r.time,
+                    }
+                    for consumer, r in prog.all_redists()
+                ],
+                "memory_per_device": prog.memory_per_device,
+            }
+        )
+    return rows, bad

@@ -1,0 +1,306 @@
+"""Bound 4, the forced chain with the io its cuts must pay.
+
+Same chain as :mod:`solver.pipeline.bounds.chain` (separators in forced order, the segments between
+them divisible), plus io: a tensor produced by a separator and consumed by a later separator
+is received by the block of every consuming separator outside the producer's block and sent
+by the producer's block if any of them is elsewhere, exactly as the evaluator counts it. For a
+block covering separators g1..g2-1 of the chain this io is a function of (g1, g2) alone;
+other tensors are left out (io >= 0), so the bin condition
+``B_mem * (work + io) + charged + peak <= B_mem * T + M`` is still implied by f(S) <= T.
+
+Io makes the greedy fill inexact (a shorter bin may cut a fatter tensor), so the decision is a
+dynamic program over the gaps between separators: the state "i bins used, the last one ends in
+gap g having taken x of that gap's divisible volume" is dominated by fewer bins, then by more
+x (a bin taking only divisible volume turns (i, x) into (i + 1, x + cap)); so one state per
+gap suffices and the program is exact for the relaxation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from solver.core.cluster import Cluster
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds.chain import separators
+from solver.pipeline.bounds.items import Items
+
+
+class Chain:
+    """Separators in order, the divisible volume of each gap, and separator-to-separator
+    tensors (size in seconds of link time)."""
+
+    def __init__(self, g: Graph, size: np.ndarray, act: np.ndarray, B: float):
+        cg, _ = coarse_view(g)
+        sep = separators(cg)
+        self.ok = sep is not None
+        if not self.ok:
+            return
+        rank = cg.topo_rank
+        s_nodes = np.flatnonzero(sep)
+        s_nodes = s_nodes[np.argsort(rank[s_nodes])]
+        m = len(s_nodes)
+        gap = np.searchsorted(rank[s_nodes], rank)
+        self.m = m
+        self.fluid = np.bincount(gap[~sep], weights=size[~sep], minlength=m + 1).tolist()
+        self.size = size[s_nodes].tolist()
+        self.act = act[s_nodes].tolist()
+        pos = np.full(cg.n, -1, dtype=np.int64)
+        pos[s_nodes] = np.arange(m)
+        # per separator j: its input tensors from earlier separators (tensor id, producer pos,
+        # io seconds); per tensor produced by a separator: the last consuming separator
+        self.ins: list[list[tuple[int, int, float]]] = [[] for _ in range(m)]
+        self.outs: list[list[tuple[int, float]]] = [[] for _ in range(m)]
+        self.ends: list[list[tuple[int, float]]] = [[] for _ in range(m)]  # by last consumer
+        for t in range(cg.num_tensors):
+            p = int(pos[cg.t_producer[t]])
+            if p < 0:
+                continue
+            cons = pos[cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]]]
+            cons = cons[cons > p]
+            if len(cons) == 0:
+                continue
+            sec = float(cg.t_size[t]) / B
+            for c in cons.tolist():
+                self.ins[c].append((t, p, sec))
+            last = int(cons.max())
+            self.outs[p].append((last, sec))
+            self.ends[last].append((p, sec))
+        self.cut = gap_cuts(cg, sep, gap, pos) / B
+        self.sums, self.small = gap_subset_sums(size, gap, sep, m)
+
+
+INF = 1 << 60
+EXACT_ITEMS = 12  # the largest nodes of a gap kept whole (2^12 subset sums); the rest divisible
+
+
+def gap_subset_sums(
+    size: np.ndarray, gap: np.ndarray, sep: np.ndarray, m: int
+) -> tuple[list[np.ndarray], list[float]]:
+    """Per gap: the sorted subset sums of its largest nodes, and the total of the others.
+
+    A bin that ends inside a gap holds a subset of the gap's nodes; its volume is at most
+    ``max{s in sums : s <= room} + small`` (the small nodes treated as divisible), which is
+    never below what a real plan can put there, so the program stays a relaxation.
+    """
+    members: list[list[int]] = [[] for _ in range(m + 1)]
+    for v in np.flatnonzero(~sep).tolist():
+        members[int(gap[v])].append(v)
+    sums, small = [], []
+    for mem in members:
+        vals = np.sort(size[mem])[::-1] if mem else np.zeros(0)
+        big, rest = vals[:EXACT_ITEMS], vals[EXACT_ITEMS:]
+        s = np.zeros(1)
+        for x in big:
+            s = np.concatenate([s, s + x])
+        sums.append(np.unique(s))
+        small.append(float(rest.sum()))
+    return sums, small
+
+
+def gap_cuts(cg: Graph, sep: np.ndarray, gap: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """For each gap g between separators s_{g-1} and s_g (0 < g < m), the fewest bytes a
+    plan sends across it when s_{g-1} and s_g are in different blocks: a minimum cut of the
+    gap's own subgraph with s_{g-1} on the left, s_g on the right, the left side closed under
+    predecessors, each tensor counted once. Only tensors produced by s_{g-1} or a gap node,
+    consumed inside the gap or by s_g, and not counted by the chain io (produced by a
+    separator with a later separator consumer) take part. Bytes are rounded down."""
+    from ortools.graph.python import max_flow
+
+    m = int(sep.sum())
+    cuts = np.zeros(m + 1)
+    members: list[list[int]] = [[] for _ in range(m + 1)]
+    for v in np.flatnonzero(~sep).tolist():
+        members[int(gap[v])].append(v)
+    s_nodes = np.empty(m, dtype=np.int64)
+    s_nodes[pos[sep]] = np.flatnonzero(sep)
+    by_producer: list[list[int]] = [[] for _ in range(cg.n)]
+    for t, p in enumerate(cg.t_producer.tolist()):
+        by_producer[p].append(t)
+    e_by_dst: dict[int, list[int]] = {}
+    for a, b in zip(cg.e_src.tolist(), cg.e_dst.tolist(), strict=True):
+        e_by_dst.setdefault(b, []).append(a)
+    for g in range(1, m):
+        if not members[g]:
+            continue
+        left, right = int(s_nodes[g - 1]), int(s_nodes[g])
+        local = [left, *members[g], right]
+        idx = {v: i for i, v in enumerate(local)}
+        f = max_flow.SimpleMaxFlow()
+        nxt = len(local)
+        for v in local[:-1]:
+            for t in by_producer[v]:
+                cons = cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]]
+                if v == left and (pos[cons] > g - 1).any():
+                    continue  # a separator-to-separator tensor: the chain io counts it
+                inside = [idx[c] for c in cons.tolist() if c in idx and c != v]
+                size = int(cg.t_size[t])
+                if not inside or size == 0:
+                    continue
+                f.add_arc_with_capacity(idx[v], nxt, size)
+                for c in inside:
+                    f.add_arc_with_capacity(nxt, c, INF)
+                nxt += 1
+        for b in local:
+            for a in e_by_dst.get(b, ()):
+                if a in idx:
+                    f.add_arc_with_capacity(idx[b], idx[a], INF)  # b left => a left
+        if f.solve(0, len(local) - 1) == f.OPTIMAL:
+            cuts[g] = float(f.optimal_flow())
+    return cuts
+
+
+def bin_profile(
+    ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float = 0.0
+) -> list:
+    """A bin starting in gap g with ``rest`` of that gap's volume: for every gap g2 it can end
+    in, ``(g2, y, y_cross)``, the volume of gap g2 it can still take when its inputs came over
+    a fast link, and (None when it cannot end there) when what s_{g-1}'s block sends it came
+    over the slow one (``extra_rate``: seconds added per second of fast link time)."""
+    size, act, fluid, m = ch.size, ch.act, ch.fluid, ch.m
+    out = []
+    load, peak, io_out = rest, 0.0, 0.0
+    io_in = ch.cut[g] if g > 0 else 0.0  # s_{g-1} is in an earlier bin
+    extra = extra_rate * io_in  # the gap cut comes from s_{g-1}'s block
+    seen: set[int] = set()
+    for g2 in range(g + 1, m + 1):
+        j = g2 - 1
+        load += size[j] + (fluid[j] if j > g else 0.0)
+        peak = max(peak, act[j])
+        if load + peak > cap:
+            break
+        for t, p, sec in ch.ins[j]:
+            if p < g and t not in seen:
+                seen.add(t)
+                io_in += sec
+                if p == g - 1:  # produced by s_{g-1}, in the block just before
+                    extra += extra_rate * sec
+        for last, sec in ch.outs[j]:
+            if last > j:
+                io_out += sec
+        for p, sec in ch.ends[j]:
+            if g <= p < j:
+                io_out -= sec
+        cut_out = ch.cut[g2] if g2 < m else 0.0
+        base = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
+        if base < 0:
+            continue
+        y = _room(ch, g2, base)
+        y_cross = (
+            y if extra == 0 else (_room(ch, g2, base - Bm * extra) if base >= Bm * extra else None)
+        )
+        out.append((g2, y, y_cross))
+    return out
+
+
+def _room(ch: Chain, g2: int, y: float) -> float:
+    """The volume of gap g2 a bin with ``y`` left can take: whole nodes of the gap, a subset
+    of its items (its subset sums), at most the gap's fluid part."""
+    sums = ch.sums[g2]
+    y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
+    return min(y, ch.fluid[g2])
+
+
+def _expand(ch, g: int, i: int, rest: float, cap: float, Bm: float, best_i, best_x) -> None:
+    """Bin i + 1 starting in gap g with ``rest`` of its volume: update every gap it can end in."""
+    for g2, y, _ in bin_profile(ch, g, rest, cap, Bm):
+        if i + 1 < best_i[g2] or (i + 1 == best_i[g2] and y > best_x[g2]):
+            best_i[g2], best_x[g2] = i + 1, y
+
+
+def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
+    """Fewest bins of capacity ``cap`` (bytes-equivalent) covering the chain, io included;
+    k + 1 when more than k are needed."""
+    if cap <= 0:
+        return 0  # no claim at a zero capacity (the bound starts above it)
+    m = ch.m
+    best_i = [math.inf] * (m + 1)
+    best_x = [-1.0] * (m + 1)
+    best_i[0], best_x[0] = 0, 0.0
+    fluid = ch.fluid
+    finish = math.inf
+    for g in range(m + 1):
+        if best_i[g] >= min(k + 1, finish):
+            continue
+        rest0 = fluid[g] - best_x[g]
+        if g == m:
+            extra = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 else 0  # rounded to fit
+            finish = min(finish, best_i[g] + extra)
+            continue
+        # bins holding only gap g's divisible volume may come first: r of them
+        r_max = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 and cap > 0 else 0
+        for r in range(r_max + 1):
+            i = best_i[g] + r
+            if i >= min(k, finish):
+                break
+            _expand(ch, g, i, max(0.0, rest0 - r * cap), cap, Bm, best_i, best_x)
+    return int(finish) if finish <= k else k + 1
+
+
+def chain_io_bound(
+    g: Graph,
+    it: Items,
+    cluster: Cluster,
+    k: int,
+    lo: float = 0.0,
+    time_limit: float = 5.0,
+    memory: bool = True,
+    rel_tol: float = 1e-6,
+    target: float | None = None,
+) -> float:
+    """Largest T proven by the chain with io. ``memory``: bins hold
+    ``B_mem * (work + io) + charged + peak <= B_mem * T + M``; otherwise ``work + io <= T``
+    (both follow from f(S) <= T). ``lo`` must be 0 or a T proven infeasible for a weaker
+    relaxation (the io-free chain bound of the same kind). ``target``, the cost of a known
+    plan: one probe just below it first (within ``rel_tol / 2``), and when that is proven
+    the search ends there (the bound meets the plan; nothing above it can be proven)."""
+    M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
+    if memory and math.isinf(M):
+        return lo
+    if memory:
+        ch = Chain(g, Bm * it.work + it.charged, it.act, B)
+        scale, base = Bm, M
+    else:
+        ch = Chain(g, it.work, np.zeros_like(it.work), B)
+        scale, base = 1.0, 0.0
+    if not ch.ok or ch.m == 0:
+        return lo
+    t_top = float(it.work.sum()) + float(sum(sec for outs in ch.outs for _, sec in outs))
+    if memory:
+        t_top += max(0.0, float(it.charged.sum() + it.act.max()) - M) / Bm
+    if t_top <= 0:
+        return lo
+
+    def infeasible(t: float) -> bool:
+        return bins_needed_io(ch, scale * t + base, k, scale) > k
+
+    if lo > 0 and not infeasible(lo):
+        return lo  # feasible already at lo: larger T only adds room
+    if target is not None and math.isfinite(target) and target > lo:
+        near = target / (1 + rel_tol / 2)
+        if near > lo and infeasible(near):
+            return near
+    t_end = time.perf_counter() + time_limit
+    step = lo / 64 if lo > 0 else t_top / k  # io adds little to a proven lo: probe near it
+    return largest_infeasible(infeasible, lo, step, t_top, rel_tol, t_end)
+
+
+def largest_infeasible(infeasible, lo: float, step: float, t_top: float, rel_tol, t_end) -> float:
+    """The largest T proven infeasible, from ``lo`` (infeasible or 0): steps doubling from
+    ``lo + step`` until a feasible T (or 4 * t_top, or the deadline), then bisection to
+    ``rel_tol``. Every value returned was proven infeasible, so it is a valid bound."""
+    hi = lo + step
+    while infeasible(hi):
+        lo, step = hi, 2 * step
+        hi = lo + step
+        if hi > 4 * t_top or time.perf_counter() > t_end:
+            return lo
+    while hi - lo > rel_tol * hi and hi > 1e-9 * t_top and time.perf_counter() < t_end:
+        mid = 0.5 * (lo + hi)
+        if infeasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,310 @@
+"""The certified lower bound of a problem: every bound computed, the largest one reported."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from solver.core.cluster import Cluster
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
+from solver.pipeline.bounds.chain_io import chain_io_bound
+from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
+from solver.pipeline.bounds.items import items
+from solver.pipeline.bounds.node_block import node_block_bound
+from solver.pipeline.bounds.packing import import_cpsat
+from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
+from solver.pipeline.plan import meets_target
+
+# share of the time limit each CP-SAT packing bound may spend; the chains without io are
+# instant and the chains with io take the rest
+SHARES = {"weights": 0.1, "decision": 0.15, "work packing": 0.1}
+IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with a target)
+IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
+NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
+NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
+IDEALS_SMALL_MIN_NODES = 64  # below this many coarse nodes CP-SAT proves in milliseconds: the
+# DP runs on graphs smaller than IDEALS_MIN_NODES only from here up
+IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
+IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last)
+IDEALS_MIN_NODES = 300  # ... on graphs of at least this many coarse nodes (smaller ones are
+# solved exactly by CP-SAT in seconds, which also reports its own proof)
+
+
+@dataclass(frozen=True)
+class BoundReport:
+    """A lower bound no plan can beat, the bound that gives it, and every bound's value.
+
+    ``value`` is ``inf`` only when it is proven that no plan meets the hard capacity.
+    ``skipped``: the bounds not computed, each with the reason (a bound that met the incumbent
+    makes the rest unnecessary; a packing bound that proves nothing above the best one so far
+    is not reported as a value of its own).
+    """
+
+    value: float
+    binding: str
+    bounds: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def infeasible(self) -> bool:
+        """True when no plan exists (the weights cannot fit under the capacity C)."""
+        return math.isinf(self.value)
+
+    def to_dict(self) -> dict:
+        out = {
+            "value": self.value,
+            "binding": self.binding,
+            "bounds": dict(self.bounds),
+            "seconds": self.seconds,
+        }
+        if self.skipped:
+            out["skipped"] = dict(self.skipped)
+        return out
+
+
+@dataclass
+class _BoundRun:
+    """The bounds computed so far, the clock, and the incumbent they try to meet."""
+
+    t0: float
+    time_limit: float
+    target: float | None
+    vals: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def best(self) -> float:
+        return max(self.vals.values(), default=0.0)
+
+    def left(self) -> float:
+        return max(0.0, self.time_limit - (time.perf_counter() - self.t0))
+
+    def met(self) -> bool:
+        """True when the best bound meets the incumbent
+        (:func:`solver.pipeline.plan.meets_target`)."""
+        return meets_target(self.target, self.best)
+
+    def skip_rest(self, names: tuple[str, ...]) -> None:
+        name = max(self.vals, key=lambda x: self.vals[x])
+        for rest in names:
+            if rest not in self.vals:
+                self.skipped.setdefault(rest, f"not needed: {name} meets the incumbent")
+
+    def packing(self, name: str, value: float) -> None:
+        """A packing bound searched above the best so far: its value only when it proved more."""
+        if value > self.best:
+            self.vals[name] = value
+        else:
+            self.skipped[name] = f"proved nothing above {self.best:.10g}"
+
+    def report(self) -> BoundReport:
+        vals = {key: float(v) for key, v in self.vals.items()}
+        name = max(vals, key=lambda x: vals[x])
+        return BoundReport(
+            vals[name], name, vals, time.perf_counter() - self.t0, dict(self.skipped)
+        )
+
+
+ORDER = (  # the bounds a met incumbent skips, in the order they run
+    "chain io",
+    "work io chain",
+    "node block",
+    "ideals",
+    "weights",
+    "decision",
+    "work packing",
+)
+
+
+def certified_lower_bound(
+    g: Graph,
+    cluster: Cluster,
+    time_limit: float = 5.0,
+    k: int | None = None,
+    ideals: bool = True,
+    target: float | None = None,
+) -> BoundReport:
+    """Every bound of docs/bounds.md for ``g`` on ``cluster`` with k blocks (default: its
+    devices); the value is their maximum, so it holds for every valid plan. When the exact DP
+    over the ideals (``ideals``) proves the optimum, the other relaxations are not computed:
+    none can be larger.
+
+    Cheapest first: the universal bound and the chains (milliseconds), the chains with io,
+    then the CP-SAT packings, each searched only above the best bound so far. ``target``, the
+    objective of a known valid plan (the incumbent; it fits the capacity, so the capacity
+    check is skipped): the bounds stop as soon as the best one meets it (the rest are listed
+    in ``skipped``), and the packings search no higher than it."""
+    from solver.core.cost import lower_bound
+
+    t0 = time.perf_counter()
+    k = cluster.devices if k is None else int(k)
+    it = items(g)
+    # a finite target is the cost of a plan that fits: no proof of infeasibility can exist
+    known_plan = target is not None and math.isfinite(target)
+    if not known_plan and capacity_infeasible(it, cluster, k, min(1.0, 0.1 * time_limit)):
+        return BoundReport(math.inf, "capacity", {"capacity": math.inf}, time.perf_counter() - t0)
+    run = _BoundRun(t0, time_limit, target)
+    run.vals["universal"] = float(lower_bound(g, cluster, k))
+    run.vals["chain"] = chain_bound(g, it, cluster, k)
+    run.vals["work chain"] = work_chain_bound(g, it, k)
+    # the DP goes first with most of the time when there is enough of it (it is the only bound
+    # that can be exact); with a short budget (evaluate's) the relaxations go first. With an
+    # incumbent the io chains go before it: they are cheap and often meet it
+    first = ideals and time_limit >= IDEALS_MIN_SECONDS
+    early_io = target is not None
+    for stage in (
+        lambda: early_io and _io_chains(run, g, it, cluster, k, first),
+        lambda: early_io and _node_block(run, g, cluster),
+        lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
+        lambda: not early_io and _io_chains(run, g, it, cluster, k),
+        lambda: not early_io and _node_block(run, g, cluster),
+        lambda: _packings(run, it, cluster, k),
+        lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
+    ):
+        if run.met():
+            run.skip_rest(ORDER)
+            break
+        if stage() is _EXACT:
+            break
+    return run.report()
+
+
+_EXACT = object()  # a stage's answer when it proved the optimum: no other bound is larger
+
+
+def _ideals(
+    run: _BoundRun, g: Graph, cluster: Cluster, k: int, seconds: float, small: bool = False
+):
+    # with an incumbent and most of the time (``small``: the DP goes first) the gap is open
+    # here (the cheap bounds did not meet it): the DP is worth its time on small graphs too,
+    # and a proof spares the CP-SAT search. With a short budget small graphs keep the
+    # relaxations alone (a DP cut short by the clock would make the bound depend on timing)
+    small = small and run.target is not None
+    dp = ideal_chain(g, cluster, k, run.best, seconds, small=small, upper=run.target)
+    if dp is not None and dp.lower > 0:
+        run.vals["ideals"] = dp.lower
+        if dp.optimal:  # the exact optimum: no other bound can be larger
+            return _EXACT
+    return None
+
+
+def _io_chains(
+    run: _BoundRun, g: Graph, it, cluster: Cluster, k: int, dp_next: bool = False
+) -> None:
+    """The io chains refine the io-free chains (valid starting points); they share what is
+    left (with memory only when memory binds at all: otherwise the work chain is the one to
+    refine). Both are fast: a greedy bin count per probe. ``dp_next``: the DP over the ideals
+    follows with most of the time, so each gets at most IO_CHAIN_SHARE of it."""
+    chain, target = run.vals["chain"], run.target
+
+    def seconds() -> float:
+        left = run.left() / 2
+        if dp_next:
+            return min(left, IO_CHAIN_SHARE * run.time_limit)
+        # they converge in milliseconds on most graphs: a floor keeps a loaded machine from
+        # cutting them short (the bound would then depend on the clock)
+        return max(left, IO_CHAIN_MIN_SECONDS)
+
+    run.vals["chain io"] = (
+        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target) if chain > 0 else 0.0
+    )
+    if run.met():
+        return
+    run.vals["work io chain"] = chain_io_bound(
+        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target
+    )
+
+
+def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
+    """The cheapest block around each node (one min cut per node that could raise the
+    bound). With an incumbent only nodes above the best bound so far are cut and a value
+    that proves nothing more is listed in ``skipped``; without one it is its own bound."""
+    if not cluster.homogeneous:
+        run.skipped["node block"] = "devices or links differ (see the topology bound)"
+        return
+    fast = run.target is not None
+    seconds = max(min(run.left() / 2, NODE_BLOCK_SHARE * run.time_limit), NODE_BLOCK_MIN_SECONDS)
+    res = node_block_bound(g, cluster, seconds, run.best if fast else 0.0, run.target)
+    if fast:
+        run.packing("node block", res.value)
+    else:
+        run.vals["node block"] = res.value
+
+
+def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
+    """The CP-SAT packings, each with its share of the time. With an incumbent, each is
+    searched only above the best bound so far and below the incumbent (no bound exceeds a
+    plan's cost); without one, each on its own (every bound's own value is reported)."""
+    fast = run.target is not None
+    hi = run.target if fast else math.inf
+    # the packings' CP-SAT (OR-Tools, which pulls in pandas) is loaded here, once: loading
+    # modules is start-up, not the bounds' time (the CP-SAT search's loading is not counted
+    # either)
+    loading = time.perf_counter()
+    import_cpsat()
+    run.t0 += time.perf_counter() - loading
+    for name, fn in (
+        ("weights", lambda t, lo: weights_bound(it, cluster, k, t)),
+        ("decision", lambda t, lo: decision_bound(it, cluster, k, t, lo, hi)),
+        ("work packing", lambda t, lo: work_packing_bound(it, k, t, lo, hi)),
+    ):
+        if run.met():
+            return
+        if fast and name == "work packing" and math.isinf(cluster.fast_memory):
+            run.skipped[name] = "the same as decision without a fast-memory limit"
+            continue
+        seconds = min(SHARES[name] * run.time_limit, run.left())
+        if name == "weights" or not fast:
+            run.vals[name] = fn(seconds, 0.0)
+        else:
+            run.packing(name, fn(seconds, run.best))
+
+
+def ideal_chain(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    lower: float,
+    time_limit: float,
+    small: bool = False,
+    upper: float | None = None,
+):
+    """The exact DP over the ideals of ``g``'s separator chain
+    (:mod:`solver.pipeline.dp.chain_ideals`) on its coarse view, computed once per graph,
+    cluster and k (the warm start of the exact solver reads the same result); None on a
+    cluster whose devices or links differ, and on graphs of fewer than IDEALS_MIN_NODES coarse
+    nodes (IDEALS_SMALL_MIN_NODES with ``small``) unless it was computed already. ``upper``:
+    the cost of a known plan (it prunes the blocks priced, and the DP first tries to prove
+    that plan optimal)."""
+    from solver.pipeline.dp.chain_ideals import chain_ideal_dp
+
+    cg, _ = coarse_view(g)
+    if not cluster.homogeneous:
+        return None
+    cache = g.__dict__.setdefault("_chain_ideals", {})  # the graph is immutable
+    key = (
+        k,
+        cluster.fast_memory,
+        cluster.capacity,
+        cluster.link_bandwidth,
+        cluster.slow_memory_bandwidth,
+    )
+    too_small = cg.n < (IDEALS_SMALL_MIN_NODES if small else IDEALS_MIN_NODES)
+    if too_small and key not in cache:
+        return None
+    hit, state = cache.get(key, (None, {}))
+    if hit is None or (not hit.optimal and "stopped" in hit.stats):
+        hit = chain_ideal_dp(
+            cg,
+            cluster,
+            k,
+            max(lower, hit.lower if hit else 0.0),
+            time_limit,
+            upper=math.inf if upper is None else upper,
+            state=state,
+        )  # resumes a run its deadline stopped
+        cache[key] = (hit, state)
+    return hit

@@ -1,0 +1,1 @@
+"""Exact dynamic programs: over the ideals of the graph and over its separator chain."""

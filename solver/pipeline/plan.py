@@ -1,0 +1,301 @@
+"""A plan: which block (device) every node runs on, with its costs, bound and status.
+
+The status is honest by construction: :func:`make_plan` evaluates the assignment with the one
+evaluator and downgrades OPTIMAL to FEASIBLE unless the lower bound is within 1e-6 (relative) of
+the re-evaluated objective. A bound above the objective (beyond float rounding) is a bug in the
+solver that produced it and raises :class:`InvalidBoundError`; it is never clipped silently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from solver.core.cluster import MAX_DEVICES, Cluster
+from solver.core.cost import Evaluation, check_placement, evaluate, validate
+from solver.core.errors import MtppError
+from solver.core.files import read_json, shown, write_json_atomic
+from solver.core.graph import Graph
+
+PLAN_FORMAT = "mtpp-plan"
+PLAN_VERSION = 1
+OPTIMALITY_TOL = 1e-6
+# a lower bound may exceed the re-evaluated objective by float rounding only (sums taken in
+# another order): this much relative, plus BOUND_ABS_TOL absolute for objectives near zero
+BOUND_TOL = 1e-9
+BOUND_ABS_TOL = 1e-12
+
+OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
+INVALID = "INVALID"  # a plan that breaks a hard constraint (evaluate only; solvers refuse it)
+ERROR = "ERROR"  # an experiment run that failed; its record carries the reason
+# stats["bound_scope"] of a method whose own bound holds for every plan and every placement
+# of its blocks on the devices (CP-SAT and brute force on a heterogeneous cluster)
+ALL_PLACEMENTS = "all plans and placements"
+
+
+class InvalidBoundError(AssertionError):
+    """A solver claimed a lower bound above its own plan's objective: a bug, not a user error."""
+
+
+def relative_gap(objective: float, bound: float | None) -> float | None:
+    """(objective - bound) / objective, clipped at 0; None without a bound, 0 for a zero
+    objective. Every kind of plan (pipeline, sharding, joint) reports its gap this way.
+
+    >>> relative_gap(4.0, 3.0), relative_gap(4.0, None), relative_gap(0.0, 0.0)
+    (0.25, None, 0.0)
+    """
+    if bound is None:
+        return None
+    if objective <= 0:
+        return 0.0
+    return max(0.0, (objective - bound) / objective)
+
+
+def bound_exceeds(bound: float, objective: float) -> bool:
+    """True when ``bound`` is above ``objective`` by more than float rounding can explain."""
+    return bound > objective + BOUND_TOL * abs(objective) + BOUND_ABS_TOL
+
+
+def meets_target(target: float | None, bound: float) -> bool:
+    """True when ``bound`` meets ``target``, a known plan's cost (within OPTIMALITY_TOL, the
+    test make_plan applies to OPTIMAL): no other bound can add anything."""
+    return target is not None and math.isfinite(target) and target <= bound * (1 + OPTIMALITY_TOL)
+
+
+@dataclass
+class Plan:
+    """An assignment of nodes to blocks plus everything a user needs to trust it."""
+
+    graph_name: str
+    fingerprint: str
+    node_names: tuple[str, ...]
+    assignment: np.ndarray
+    cluster: Cluster
+    method: str
+    status: str
+    evaluation: Evaluation
+    lower_bound: float | None = None
+    wall_seconds: float = 0.0
+    stats: dict = field(default_factory=dict)
+    placement: np.ndarray | None = None  # device of each block; None: block b on device b
+
+    @property
+    def k(self) -> int:
+        return self.evaluation.k
+
+    @property
+    def objective(self) -> float:
+        return self.evaluation.objective
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap (objective - lower bound) / objective, or None without a bound."""
+        return relative_gap(self.objective, self.lower_bound)
+
+    def to_dict(self) -> dict:
+        ev = self.evaluation
+        return {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "graph": {
+                "name": self.graph_name,
+                "nodes": len(self.node_names),
+                "fingerprint": self.fingerprint,
+            },
+            "cluster": self.cluster.to_dict(),
+            "devices": self.k,
+            "method": self.method,
+            "status": self.status,
+            "objective": self.objective,
+            "lower_bound": self.lower_bound,
+            "gap": self.gap,
+            # OPTIMAL with a gap above 1e-6: proven at this rounding resolution (seconds)
+            "optimal_within": self.stats.get("optimal_within"),
+            "throughput": ev.throughput if math.isfinite(ev.throughput) else None,
+            "latency": ev.latency,
+            "bottleneck_block": ev.bottleneck,
+            "wall_seconds": self.wall_seconds,
+            "blocks": ev.blocks(),
+            "stats": self.stats,
+            "assignment": {
+                n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)
+            },
+        } | ({} if self.placement is None else {"placement": self.placement.tolist()})
+
+
+def make_plan(
+    g: Graph,
+    cluster: Cluster,
+    assignment: np.ndarray,
+    method: str,
+    *,
+    lower_bound: float | None = None,
+    status: str = FEASIBLE,
+    wall_seconds: float = 0.0,
+    stats: dict | None = None,
+    check: bool = True,
+    resolution: float = 0.0,
+    placement: object = None,
+) -> Plan:
+    """Evaluate ``assignment`` and wrap it as a :class:`Plan`.
+
+    With ``check`` (the default) an invalid assignment raises: a solver must never return one.
+    OPTIMAL is kept only when ``lower_bound`` proves it within 1e-6 relative. A bound above the
+    objective by more than float rounding raises :class:`InvalidBoundError`; within rounding it
+    is reported as the objective, and the bound as given stays in ``stats["raw_lower_bound"]``.
+
+    ``resolution`` (seconds, absolute) is the worst-case rounding error of an exact model whose
+    integer optimum was proven: OPTIMAL is then also kept when objective - bound is at most
+    that, and ``stats["optimal_within"]`` states it (see :func:`optimal_within`).
+
+    ``placement[b]`` is the device running block b (see :func:`solver.core.cost.check_placement`;
+    default b); the plan keeps it and writes it to JSON when one was given.
+    """
+    a = np.asarray(assignment, dtype=np.int64)
+    dev = None if placement is None else check_placement(cluster, cluster.devices, placement)
+    if check:
+        bad = validate(g, cluster, a, placement=dev)
+        if bad:
+            raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
+    ev = evaluate(g, cluster, a, placement=dev)
+    stats = dict(stats or {})
+    if lower_bound is not None:
+        lower_bound = float(lower_bound)
+        if not math.isfinite(lower_bound):
+            raise InvalidBoundError(f"{method} returned the lower bound {lower_bound}")
+        if bound_exceeds(lower_bound, ev.objective):
+            raise InvalidBoundError(
+                f"{method} claims the lower bound {lower_bound!r} above its plan's re-evaluated "
+                f"objective {ev.objective!r} (more than float rounding): a solver bug"
+            )
+        stats["raw_lower_bound"] = lower_bound
+        lower_bound = min(lower_bound, ev.objective)
+    plan = Plan(
+        graph_name=g.name,
+        fingerprint=g.fingerprint,
+        node_names=g.names,
+        assignment=a,
+        cluster=cluster,
+        method=method,
+        status=status,
+        evaluation=ev,
+        lower_bound=lower_bound,
+        wall_seconds=float(wall_seconds),
+        stats=stats,
+        placement=dev,
+    )
+    if plan.status == OPTIMAL and (plan.gap is None or plan.gap > OPTIMALITY_TOL):
+        if plan.gap is not None and optimal_within(plan.objective, plan.lower_bound, resolution):
+            plan.stats["optimal_within"] = float(resolution)
+        else:
+            plan.status = FEASIBLE
+    return plan
+
+
+MAX_RESOLUTION = 1e-3  # a rounding resolution above this share of the objective proves nothing
+
+
+def optimal_within(objective: float, bound: float, resolution: float) -> bool:
+    """True when ``objective - bound`` is explained by a rounding ``resolution`` (seconds) no
+    larger than MAX_RESOLUTION of the objective: OPTIMAL "within the stated resolution"."""
+    return (
+        math.isfinite(resolution)
+        and 0 <= resolution <= MAX_RESOLUTION * abs(objective)
+        and objective - bound <= resolution
+    )
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write a plan as JSON (atomically)."""
+    write_json_atomic(path, plan.to_dict())
+
+
+def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
+    """Read a plan file for graph ``g``: the block of every node, and the raw JSON.
+
+    Refuses plans that name unknown nodes, miss nodes, or were made for another graph.
+    """
+    path = Path(path)
+    data = read_json(path, "plan file")
+    if isinstance(data, dict) and data.get("format") == "mtpp-joint-plan":
+        raise MtppError(
+            f"{path}: a joint plan, and this command takes pipeline plans; check a joint plan "
+            "with mtpp evaluate, mtpp simulate or mtpp export --verify"
+        )
+    return plan_assignment_from_data(g, data, path)
+
+
+def plan_assignment_from_data(g: Graph, data: object, path: str | Path) -> tuple[np.ndarray, dict]:
+    """:func:`read_plan_assignment` on the parsed content ``data`` of the plan file ``path``
+    (named in errors)."""
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise MtppError(f'{path}: not an mtpp plan (expected "format": "{PLAN_FORMAT}")')
+    if data.get("version") != PLAN_VERSION:
+        raise MtppError(f"{path}: plan version {data.get('version')!r} is not supported")
+    graph = data.get("graph") or {}
+    if not isinstance(graph, dict):
+        raise MtppError(f"{path}: 'graph' must be a mapping with the graph's name and fingerprint")
+    fp = graph.get("fingerprint")
+    if fp is not None and not isinstance(fp, str):
+        raise MtppError(f"{path}: 'graph.fingerprint' must be a string, got {shown(fp)}")
+    assign = data.get("assignment")
+    if not isinstance(assign, dict):
+        raise MtppError(f"{path}: 'assignment' must map node names to block numbers")
+    unknown = [x for x in assign if x not in g.index]
+    if unknown:
+        raise MtppError(
+            f"{path}: the plan names {len(unknown)} node(s) not in graph {g.name!r} (first: "
+            f"{unknown[0]!r}); was it made for another graph?"
+        )
+    missing = [x for x in g.names if x not in assign]
+    if missing:
+        raise MtppError(
+            f"{path}: the plan does not assign {len(missing)} node(s) of graph {g.name!r} "
+            f"(first: {missing[0]!r})"
+        )
+    if fp is not None and fp != g.fingerprint:
+        raise MtppError(
+            f"{path}: the plan was made for a graph with other edges (fingerprint {fp}, this "
+            f"graph has {g.fingerprint}); solve again for this graph"
+        )
+    a = np.empty(g.n, dtype=np.int64)
+    for name, b in assign.items():
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < MAX_DEVICES:
+            text = repr(b) if len(repr(b)) < 40 else repr(b)[:37] + "..."
+            raise MtppError(
+                f"{path}: block of node {name!r} must be a whole number from 0 to "
+                f"{MAX_DEVICES - 1}, got {text}"
+            )
+        a[g.index[name]] = b
+    return a, data
+
+
+def read_plan_placement(data: dict, path: str | Path, cluster: Cluster) -> np.ndarray | None:
+    """The ``placement`` of a plan file read by :func:`read_plan_assignment` (the device of
+    each block, checked against ``cluster``), or None when the file has none (older plans:
+    block b runs on device b) or the cluster is homogeneous (where it changes nothing)."""
+    raw = data.get("placement")
+    if raw is None or cluster.homogeneous:  # alike devices and links: the placement is moot
+        return None
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in raw
+    ):
+        raise MtppError(f"{path}: 'placement' must list one whole device number per block")
+    if len(raw) != cluster.devices:
+        raise MtppError(
+            f"{path}: 'placement' lists {len(raw)} devices but the cluster has "
+            f"{cluster.devices}; one device per block"
+        )
+    bad = [d for d in raw if not 0 <= d < cluster.devices]
+    if bad:
+        raise MtppError(
+            f"{path}: 'placement' names device {shown(bad[0])}, but devices are "
+            f"0..{cluster.devices - 1}"
+        )
+    try:
+        return check_placement(cluster, cluster.devices, np.array(raw, dtype=np.int64))
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None

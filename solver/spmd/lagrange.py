@@ -1,0 +1,601 @@
+"""A certified lower bound and good plans for big models: Lagrangian relaxation of the memory
+limit, each relaxed problem solved EXACTLY by variable elimination (min-sum dynamic programming
+over the operator graph, which has a small treewidth: layers meet at one tensor).
+
+For every lambda >= 0 and every plan s within the limit (W = weight bytes, P = activation peak,
+P >= P_floor, the least live activation bytes at any step over every plan):
+
+    time(s) >= time(s) + lambda (W(s) + P_floor - limit)
+            >= min over all plans s' of [time(s') + lambda W'(s')] + lambda (P_floor - limit)
+
+where W' counts every weight once, at the layout of its first use (W' <= W). The minimum is
+the exact optimum of a sum of unary and pairwise costs, which variable elimination computes;
+so the right side is a valid lower bound on the constrained optimum for every lambda. The plans
+variable elimination returns are evaluated by ``evaluate``; those within the limit are
+incumbents (without a limit, lambda = 0 gives the optimum and its proof at once).
+
+Before the Lagrangian search, the weight-budget bound (solver/spmd/budget.py) solves the
+relaxation "W' plus the bytes held at one step fit the limit" exactly, bytes rounded down to a
+unit, by variable elimination whose tables carry the units used so far, then the
+activation-peak bound (every step at once); when either gives a bound the Lagrangian search is
+skipped and the time left mixes their plans. :func:`least_memory_plan` bounds the least memory
+per device any plan needs (docs/sharding.md, "The exact optimiser").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.pipeline.plan import OPTIMALITY_TOL
+from solver.spmd.budget import (
+    TimeTables,
+    activation_needs,
+    budget_bound,
+    combine,
+    least_memory,
+    min_sum,
+    peak_bound,
+    peak_dual_bound,
+    peak_values,
+    step_bytes,
+    step_memory,
+    within_peak,
+)
+from solver.spmd.exact import DeadlineReached, LeastMemory, ShardModel
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.redistribute import local_bytes
+from solver.spmd.rules import Strategy
+
+MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
+BUDGET_SHARE = 0.9  # share of the Lagrangian time the weight-budget bounds and their plans may take
+# share of the time left that mixing from the leanest plan may take (the bounds' plans all break
+# a limit that close to the least memory; exact window solves make better use of the rest)
+LEANEST_MIX_SHARE = 0.25
+BUDGET_PLANS = 12  # plans evaluated from one weight-budget solve's tables (until one fits)
+
+
+@dataclass
+class LagrangeResult:
+    """The best lower bound, the best plan within the limit (or None) and its time."""
+
+    lower_bound: float
+    strategies: dict[str, Strategy] | None
+    objective: float
+    stats: dict
+
+
+class _Problem:
+    """Unary and pairwise cost tables over the operators that have a choice."""
+
+    def __init__(self, model: ShardModel) -> None:
+        self.model = model
+        n = len(model.cands)
+        self.sizes = [len(c) for c in model.cands]
+        self.free = [i for i in range(n) if self.sizes[i] > 1]
+        self.const = sum(model.unary[i][0] for i in range(n) if self.sizes[i] == 1)
+        self.unary = [np.array(model.unary[i], dtype=float) for i in range(n)]
+        self.pairs: dict[tuple[int, int], np.ndarray] = {}
+        for u, v, a_of, b_of, tm, _mm in model.edges:
+            mat = np.asarray(tm, dtype=float)[np.ix_(a_of, b_of)]  # [choices of u, of v]
+            if self.sizes[u] == 1 and self.sizes[v] == 1:
+                self.const += float(mat[0, 0])
+            elif self.sizes[u] == 1:
+                self.unary[v] = self.unary[v] + mat[0]
+            elif self.sizes[v] == 1:
+                self.unary[u] = self.unary[u] + mat[:, 0]
+            else:
+                key, m = ((u, v), mat) if u < v else ((v, u), mat.T)
+                self.pairs[key] = self.pairs[key] + m if key in self.pairs else m
+        # the weight bytes W' of each choice (each weight at its first use's layout)
+        sm = model.sm
+        self.wbytes = [np.zeros(self.sizes[i]) for i in range(n)]
+        self.wconst = 0.0
+        for t, us in model.weights.items():
+            v, k = us[0]
+            b = np.array([local_bytes(sh.in_layouts[k], sm.itemsize(t)) for sh in model.cands[v]])
+            if self.sizes[v] == 1:
+                self.wconst += float(b[0])
+            else:
+                self.wbytes[v] = self.wbytes[v] + b
+        self.order = _elimination_order(self.free, self.sizes, self.pairs)
+
+    def solve(self, lam: float, deadline: float | None = None) -> tuple[float, list[int]]:
+        """The exact minimum of time + lam * W' over all choices, and a minimiser; raises
+        DeadlineReached once ``time.perf_counter()`` passes ``deadline``."""
+        unary = [u + lam * w for u, w in zip(self.unary, self.wbytes, strict=True)]
+        value, choice = min_sum(self.sizes, self.order, unary, self.pairs, deadline)
+        return value + self.const + lam * self.wconst, choice
+
+
+def _elimination_order(free, sizes, pairs) -> list[int]:
+    """Greedy: eliminate next the variable whose new table is smallest (neighbours' sizes)."""
+    adj: dict[int, set[int]] = {i: set() for i in free}
+    for u, v in pairs:
+        adj[u].add(v)
+        adj[v].add(u)
+
+    def cost(x: int) -> float:
+        return math.prod(sizes[y] for y in adj[x])
+
+    heap = [(cost(x), x) for x in free]
+    heapq.heapify(heap)
+    done: set[int] = set()
+    order = []
+    while heap:
+        c, x = heapq.heappop(heap)
+        if x in done or c != cost(x):
+            continue
+        if c * sizes[x] > MAX_TABLE:
+            raise _TooWide
+        done.add(x)
+        order.append(x)
+        nb = adj.pop(x)
+        for y in nb:
+            adj[y].discard(x)
+            adj[y] |= nb - {y}
+        for y in nb:
+            heapq.heappush(heap, (cost(y), y))
+    return order
+
+
+class _TooWide(Exception):
+    """Variable elimination would build a table above MAX_TABLE entries."""
+
+
+def lagrange(
+    planner: Planner,
+    limit: float | None,
+    pins: dict[str, Strategy],
+    time_limit: float,
+    iterations: int = 40,
+) -> LagrangeResult | None:
+    """The best Lagrangian bound and plan within ``time_limit``; None when the graph is too
+    wide for variable elimination, an operator has no choice within the limit, or the time
+    limit passes before the first bound (stats "lagrange_stopped" says it passed later).
+    When the least bytes any plan holds at one step exceed the limit, no plan fits: no bound,
+    no plan, and stats "least_memory_bound" says how many bytes every plan needs."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    try:
+        model = ShardModel(planner, limit, pins, "time", build=False, deadline=deadline)
+    except DeadlineReached:
+        return None
+    if model.infeasible:
+        return None
+    try:
+        prob = _Problem(model)
+    except _TooWide:
+        return None
+    sm = planner.sm
+    _wmin, _omin, steps = model.floors()
+    p_floor = max(steps, default=0.0)
+    if limit is not None:  # no plan fits when the least bytes at one step exceed the limit
+        try:
+            low = least_memory(prob, step_memory(model, int(np.argmax(steps))), deadline)
+        except DeadlineReached:
+            return None
+        if low.nbytes > limit:
+            return LagrangeResult(-math.inf, None, math.inf, {"least_memory_bound": low.nbytes})
+    best_lb, best = -math.inf, None
+    stats: dict = {}
+    evaluated = 0
+    plans: list = []
+
+    def run(lam: float) -> bool:
+        """Bound at ``lam``; True when its plan fits the limit."""
+        nonlocal best_lb, best, evaluated
+        value, choice = prob.solve(lam, deadline)
+        lb = value + (lam * (p_floor - limit) if limit is not None else 0.0)
+        if lb > best_lb:
+            best_lb, stats["binding_bound"] = lb, "lagrangian"
+        strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
+        program = evaluate(planner, strategies)
+        plans.append((strategies, program))
+        evaluated += 1
+        ok = limit is None or program.memory_per_device <= limit
+        if ok and (best is None or program.objective < best[0]):
+            best = (program.objective, strategies)
+        return ok
+
+    def budget() -> bool:
+        """The weight-budget bound at the step of the largest activation floor, then (unless
+        its plans prove it) the activation-peak bound, each with its plans; True when one of
+        them gave a bound."""
+        nonlocal best_lb
+        tb = time.perf_counter()
+        deadline = tb + BUDGET_SHARE * (time_limit - (tb - t0))
+        memo: dict = {}  # eliminations shared by the solves (equal layers, equal tables)
+        floor_step = step_memory(model, int(np.argmax(steps)))
+        out = budget_bound(prob, limit, floor_step, deadline, memo)
+        if out is not None and math.isfinite(out.value):
+            if out.value > best_lb:
+                best_lb, stats["binding_bound"] = out.value, "weight budget"
+            stats["budget_lower_bound"] = out.value
+            stats["budget_unit_bytes"] = out.unit
+            budget_plans(out.tables, out.cap, out.unit, deadline)
+        if out is not None and not proven():  # (no unit for one, none for the other)
+            try:
+                needs = activation_needs(model, prob, deadline)
+            except DeadlineReached:
+                needs = None
+            peak = None
+            if needs is not None:
+                peak = peak_bound(prob, limit, needs, deadline, budget_plans, memo)
+            if peak is not None and math.isfinite(peak.value):
+                if peak.value > best_lb:
+                    best_lb, stats["binding_bound"] = peak.value, "activation peak"
+                stats["peak_lower_bound"] = peak.value
+                stats["peak_caps_solved"] = peak.solved
+            if needs is not None and not proven():  # the same with W' exact in bytes
+                dual = peak_dual_bound(prob, limit, needs, deadline, choice_plan)
+                if dual is not None and dual.value > best_lb:
+                    best_lb, stats["binding_bound"] = dual.value, "activation peak, exact weights"
+                if dual is not None:
+                    stats["peak_dual_lower_bound"] = dual.value
+        stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
+        return proven() or "budget_lower_bound" in stats or "peak_lower_bound" in stats
+
+    def budget_plans(tables, cap: int, unit: int, deadline: float | None = None) -> float:
+        """Plans of one weight-budget solve's tables, the least time first, until one fits:
+        each next one at fewer units (by the bytes the last one was over); returns the time of
+        the best plan that fits so far (inf if none)."""
+        nonlocal best
+        top = cap
+        for k in range(BUDGET_PLANS):
+            level = tables.best_level(top)
+            if level is None or (k and deadline is not None and time.perf_counter() > deadline):
+                break
+            choice = tables.choice(level)
+            strategies = {
+                op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)
+            }
+            program = evaluate(planner, strategies)
+            plans.append((strategies, program))
+            over = program.memory_per_device - limit
+            if over <= 0:
+                if best is None or program.objective < best[0]:
+                    best = (program.objective, strategies)
+                break
+            top = level - max(1, math.ceil(over / unit))
+        return math.inf if best is None else best[0]
+
+    def choice_plan(choice: list[int]) -> None:
+        """A minimiser of a bound, priced: the best plan when it fits and is faster."""
+        nonlocal best
+        strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
+        program = evaluate(planner, strategies)
+        if program.memory_per_device <= limit and (best is None or program.objective < best[0]):
+            best = (program.objective, strategies)
+            plans.append((strategies, program))
+
+    def proven() -> bool:
+        return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
+
+    try:
+        _search(run, budget, limit, t0, time_limit, iterations)
+    except DeadlineReached:
+        if not math.isfinite(best_lb):
+            return None
+        stats["lagrange_stopped"] = "the time limit passed during variable elimination"
+    if best is None and limit is not None and time.perf_counter() < deadline:
+        # no plan fits yet (a limit near the least memory): the leanest plan starts the mixing
+        with contextlib.suppress(DeadlineReached):
+            lean = _leanest(planner, model, prob, deadline)
+            plans.append((lean.strategies, evaluate(planner, lean.strategies)))
+            if lean.upper <= limit:
+                best = (plans[-1][1].objective, lean.strategies)
+                stats["leanest_plan_started_mixing"] = True
+    if best is not None and limit is not None and len(plans) > 1 and not proven():
+        end = t0 + time_limit
+        if stats.get("leanest_plan_started_mixing"):  # the rest for exact windows (windows.py)
+            end = time.perf_counter() + LEANEST_MIX_SHARE * (end - time.perf_counter())
+        packed = knapsack_segments(planner, plans, limit)
+        mixed = mix_segments(planner, plans, limit, end)
+        for found in (packed, mixed):
+            if found is not None and found[0] < best[0]:
+                best = found
+        if packed is not None and time.perf_counter() < end:
+            start = (packed[1], evaluate(planner, packed[1]))
+            again = mix_segments(planner, [start, *plans], limit, end, start)
+            if again is not None and again[0] < best[0]:
+                best = again
+    stats = {
+        **stats,
+        "lagrange_seconds": round(time.perf_counter() - t0, 3),
+        "lagrange_plans": evaluated,
+        "activation_floor": p_floor,
+    }
+    if best is None:
+        return LagrangeResult(best_lb, None, math.inf, stats)
+    return LagrangeResult(best_lb, best[1], best[0], stats)
+
+
+def _search(run, budget, limit, t0: float, time_limit: float, iterations: int) -> None:
+    """lambda = 0, then the weight-budget bounds, then, only when they gave no bound (they are
+    at least as tight where they exist, and the time left goes to mixing their plans),
+    bisection on lambda (on a log scale) between a lambda whose plan does not fit and one
+    whose plan fits."""
+    if not run(0.0) and limit is not None and not budget():
+        lo, hi = 0.0, None
+        lam = 1e-12
+        while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
+            if run(lam):
+                hi = lam
+            else:
+                lo, lam = lam, lam * 10
+        for _ in range(iterations):
+            if hi is None or time.perf_counter() - t0 > time_limit or hi - lo <= 1e-9 * hi:
+                break
+            mid = math.sqrt(lo * hi) if lo > 0 else hi / 10
+            if run(mid):
+                hi = mid
+            else:
+                lo = mid
+
+
+def segments(planner: Planner) -> list[range]:
+    """Ranges of the topological order separated by points where at most one activation is
+    alive (a transformer's layer boundaries): plans can be mixed segment by segment there."""
+    sm = planner.sm
+    n = len(sm.ops)
+    last = [-1] * n
+    for v in range(n):
+        for u, _, _ in planner.in_edges[v]:
+            last[u] = max(last[u], v)
+    crossing = [0] * (n + 1)  # activations produced at <= p and consumed after p
+    for u in range(n):
+        for p in range(u, last[u]):
+            crossing[p] += 1
+    out, start = [], 0
+    for p in range(n - 1):
+        if crossing[p] <= 1:
+            out.append(range(start, p + 1))
+            start = p + 1
+    out.append(range(start, n))
+    return out
+
+
+def mix_segments(planner: Planner, plans: list, limit: float, deadline: float, start=None):
+    """Greedy knapsack over segments: from the fastest plan within the limit, move a run of
+    consecutive segments to the choices of another (faster, bigger) plan while the result
+    still fits and is faster, best estimated time saved per byte added first (a run, not one
+    segment, so that a single mismatch at its ends is paid); ``start`` = (strategies, program)
+    starts from that plan instead. Returns (time, strategies) or None."""
+    sm = planner.sm
+    fitting = [(p.objective, s, p) for s, p in plans if p.memory_per_device <= limit]
+    if not fitting:
+        return None
+    cur_t, cur, prog = min(fitting, key=lambda x: x[0])
+    if start is not None:
+        cur, prog = start
+        cur_t = prog.objective
+    segs = segments(planner)
+    if len(segs) < 2:
+        return None
+
+    n, nseg = len(sm.ops), len(segs)
+    names = [op.name for op in sm.ops]
+    seg_of = np.empty(n, dtype=np.int64)
+    for j, seg in enumerate(segs):
+        seg_of[seg.start : seg.stop] = j
+
+    def per_op(program):
+        w = np.array([planner.weight_bytes(i, program.shardings[i]) for i in range(n)])
+        return np.add(program.compute, program.comm), w
+
+    options = [(*per_op(p), s) for s, p in plans]
+    upper = np.triu(np.ones((nseg + 1, nseg + 1), dtype=bool), k=1)  # intervals [j, k), j < k
+    single = np.eye(nseg + 1, k=1, dtype=bool)  # one segment: [j, j + 1)
+    runs = single  # single segments first; runs of several once those stop paying
+    while time.perf_counter() < deadline:
+        ct, cw = per_op(prog)
+        moves = []
+        for o, (t, w, s) in enumerate(options):
+            differs = np.array([s[x] != cur[x] for x in names], dtype=float)
+            dif = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, differs, nseg))])
+            c_t = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, t - ct, nseg))])
+            c_m = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, w - cw, nseg))])
+            dt = c_t[None, :] - c_t[:, None]
+            dm = c_m[None, :] - c_m[:, None]
+            ok = runs & (dt < 0) & (dif[None, :] - dif[:, None] > 0)
+            for j, k in zip(*np.nonzero(ok), strict=True):
+                ratio = dt[j, k] / dm[j, k] if dm[j, k] > 0 else -math.inf
+                moves.append((ratio, dt[j, k], int(j), int(k), o))
+        moves.sort(key=lambda m: (m[0], m[1]))
+        found = False
+        seen = set()
+        for _, _, j, k, o in moves:
+            if time.perf_counter() > deadline:
+                break
+            s = options[o][2]
+            key = (j, k, tuple(s[names[v]] for v in range(segs[j].start, segs[k - 1].stop)))
+            if key in seen:  # the same run of choices from another plan
+                continue
+            seen.add(key)
+            trial = dict(cur)
+            for v in range(segs[j].start, segs[k - 1].stop):
+                trial[names[v]] = s[names[v]]
+            p = evaluate(planner, trial)
+            if p.memory_per_device <= limit and p.objective < cur_t * (1 - 1e-12):
+                cur_t, cur, prog = p.objective, trial, p
+                found = True
+                break
+        if found:
+            runs = single
+        elif runs is single:
+            runs = upper
+        else:
+            break
+    return cur_t, cur
+
+
+KNAPSACK_BUCKETS = 4000  # resolution of the weight budget in knapsack_segments
+
+
+def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 4):
+    """Pick, for every segment, the choices of one of ``plans`` so that the time is least and
+    the weights fit beside the largest activation peak of the plans (a multiple-choice knapsack
+    solved by dynamic programming, weights rounded up); the result is re-evaluated, and the
+    budget shrunk by the excess when it does not fit. Returns (time, strategies) or None."""
+    sm = planner.sm
+    segs = segments(planner)
+    if len(segs) < 2:
+        return None
+    n = len(sm.ops)
+    per = []
+    for s, p in plans:
+        t = np.add(p.compute, p.comm)
+        w = np.array([planner.weight_bytes(i, p.shardings[i]) for i in range(n)])
+        per.append((s, t, w, p.peak_activation_memory))
+    act = max(x[3] for x in per)
+    options = []  # per segment: (time, weight bytes, plan index), distinct assignments only
+    for seg in segs:
+        seen, opts = set(), []
+        for k, (s, t, w, _a) in enumerate(per):
+            key = tuple(s[sm.ops[v].name] for v in seg)
+            if key not in seen:
+                seen.add(key)
+                opts.append(
+                    (float(t[seg.start : seg.stop].sum()), float(w[seg.start : seg.stop].sum()), k)
+                )
+        options.append(opts)
+    budget = limit - act
+    best = None
+    for _ in range(tries):
+        if budget <= 0:
+            break
+        unit = budget / KNAPSACK_BUCKETS
+        cost = np.zeros(KNAPSACK_BUCKETS + 1)
+        picks = []
+        for opts in options:
+            new = np.full(KNAPSACK_BUCKETS + 1, math.inf)
+            arg = np.full(KNAPSACK_BUCKETS + 1, -1)
+            for o, (t, w, _k) in enumerate(opts):
+                c = math.ceil(w / unit - 1e-9)
+                if c > KNAPSACK_BUCKETS:
+                    continue
+                cand = np.full(KNAPSACK_BUCKETS + 1, math.inf)
+                cand[c:] = cost[: KNAPSACK_BUCKETS + 1 - c] + t
+                better = cand < new
+                new[better], arg[better] = cand[better], o
+            cost = new
+            picks.append(arg)
+        if not math.isfinite(cost[-1]):
+            return best
+        b, chosen = KNAPSACK_BUCKETS, []
+        for j in range(len(segs) - 1, -1, -1):
+            o = int(picks[j][b])
+            chosen.append(o)
+            b -= math.ceil(options[j][o][1] / unit - 1e-9)
+        chosen.reverse()
+        trial = {}
+        for seg, opts, o in zip(segs, options, chosen, strict=True):
+            s = per[opts[o][2]][0]
+            for v in seg:
+                trial[sm.ops[v].name] = s[sm.ops[v].name]
+        p = evaluate(planner, trial)
+        if p.memory_per_device <= limit:
+            if best is None or p.objective < best[0]:
+                best = (p.objective, trial)
+            return best
+        budget -= p.memory_per_device - limit  # shrink by the excess and pack again
+    return best
+
+
+LEAST_MEMORY_TRIES = 6  # steps whose least bytes are bounded in least_memory_plan
+
+
+def least_memory_plan(
+    planner: Planner, pins: dict[str, Strategy], time_limit: float
+) -> LeastMemory | None:
+    """The least memory per device any plan needs, bounded below by the least bytes held at
+    one step (W' + activations + copies, exact by variable elimination: every plan holds at
+    least that there) and by the activation-peak relaxation (min over Q of Q + the least W' of
+    the plans needing no peak above Q), and above by the leanest plan found (each minimiser,
+    with every step's bytes as a tie-break, priced by evaluate). None when the model cannot be
+    built in time or is too wide."""
+    deadline = time.perf_counter() + time_limit
+    try:
+        model = ShardModel(planner, None, pins, "time", build=False, deadline=deadline)
+        prob = _Problem(model)
+        return _leanest(planner, model, prob, deadline)
+    except (DeadlineReached, _TooWide):
+        return None
+
+
+def _leanest(planner, model: ShardModel, prob: _Problem, deadline: float) -> LeastMemory:
+    """The least memory interval over the choices of ``model`` (see least_memory_plan)."""
+    every = _every_step(model)
+    best = _lean_at_steps(planner, model, prob, every, deadline)
+    if not best.exact:
+        _lean_by_peak(planner, model, prob, every, best, deadline)
+    return best
+
+
+def _every_step(model: ShardModel):
+    """Every step's bytes, summed and scaled so that they add at most a quarter of the largest
+    (the tie-break of the leanest plan: the steps not minimised stay lean too)."""
+    steps = range(len(model.cands))
+    return combine([step_memory(model, v) for v in steps], 1 / (4 * len(steps)))
+
+
+def _lean_plan(planner: Planner, model: ShardModel, choice: list[int]) -> LeastMemory:
+    """A plan and its memory per device (as the upper end of a LeastMemory, lower 0)."""
+    s = {
+        op.name: model.cands[i][c].strategy
+        for i, (op, c) in enumerate(zip(planner.sm.ops, choice, strict=True))
+    }
+    return LeastMemory(0.0, evaluate(planner, s).memory_per_device, s)
+
+
+def _lean_at_steps(planner, model, prob, every, deadline: float) -> LeastMemory:
+    """The least bytes at the step of the largest floor, then at the peak step of the plan
+    minimising them (up to LEAST_MEMORY_TRIES steps): the best lower and upper ends."""
+    step, tried, best = int(np.argmax(model.floors()[2])), set(), None
+    lower = 0.0
+    while len(tried) < LEAST_MEMORY_TRIES and step not in tried:
+        tried.add(step)
+        mem = step_memory(model, step)
+        lower = max(lower, least_memory(prob, mem, deadline).nbytes)
+        lean = least_memory(prob, combine([mem, every]), deadline)
+        plan = _lean_plan(planner, model, lean.choice)
+        if best is None or plan.upper < best.upper:
+            best = plan
+        best.lower = lower
+        if best.exact:
+            break
+        step = int(np.argmax(step_bytes(model, lean.choice)))
+    return best
+
+
+def _lean_by_peak(planner, model, prob, every, best: LeastMemory, deadline: float) -> None:
+    """Raise ``best.lower`` (and lower ``best.upper``) by the activation-peak relaxation: a
+    plan s with peak P makes no choice or pair needing more than Q(s) = max(floor, its needs)
+    <= P, so its memory W + P >= Q(s) + the least W' of the plans within Q(s). Peaks Q are the
+    floor and the needs above it, ascending, while Q + least W' is below the best so far."""
+    needs = activation_needs(model, prob, deadline)
+    wmin = prob.wconst + sum(float(w.min()) for w in prob.wbytes)
+    weights = TimeTables(prob.sizes, prob.free, prob.wbytes, {}, prob.wconst)
+    lower = best.upper  # no plan needs more than the leanest found
+    for q in peak_values(prob, math.inf, needs):
+        if q + wmin >= min(lower, best.upper):  # this peak and every larger one need more
+            break
+        allowed = within_peak(weights, needs, q)
+        value, _ = min_sum(prob.sizes, prob.order, allowed.unary, allowed.pairs, deadline)
+        lower = min(lower, q + value + prob.wconst)
+        if q + value + prob.wconst < best.upper:  # a leaner plan may be among these
+            unary = [u + every.unary.get(i, 0.0) for i, u in enumerate(allowed.unary)]
+            pairs = dict(allowed.pairs)
+            for k, m in every.pairs.items():
+                pairs[k] = pairs[k] + m if k in pairs else m
+            _, choice = min_sum(prob.sizes, prob.order, unary, pairs, deadline)
+            plan = _lean_plan(planner, model, choice)
+            if plan.upper < best.upper:
+                best.upper, best.strategies = plan.upper, plan.strategies
+    best.lower = max(best.lower, min(lower, best.upper))

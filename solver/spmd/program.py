@@ -1,0 +1,291 @@
+"""The sharded program and its cost: strategy per operator -> layouts -> redistribution per edge
+-> time, bytes and memory per device.
+
+Everything here is a pure function of (model, mesh, cluster, strategies); :class:`Planner` only
+caches. An exact optimiser can enumerate ``planner.candidates(i)`` per operator and
+``planner.edge_cost(u, su, v, sv)`` per edge, and price memory with ``weight_bytes``.
+
+Cost model (forward inference, one synchronous SPMD program; docs/sharding.md):
+- compute of an operator: roofline on its local shard, max(FLOPs / compute, bytes touched /
+  memory bandwidth), the same formula as the pipeline work;
+- communication: every redistribution's ring-formula time (redistribute.py);
+- total = sum over operators of compute + the redistributions of its inputs, plus the reduction
+  of any model output left as partial sums. Model inputs and weights lie on every device in the
+  layout their consumer wants at no cost; outputs may stay split.
+- memory per device: local weight shards (once per distinct layout) + the peak, along the
+  topological order, of live local activations, redistributed input copies and outputs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.spmd.mesh import Layout, Mesh, canonical
+from solver.spmd.model import ShardModel
+from solver.spmd.redistribute import Redistribution, local_bytes, plan_redistribution
+from solver.spmd.rules import OpSharding, Spec, Strategy, candidates, op_spec, shard
+
+
+class Planner:
+    """Specs, candidate shardings and redistributions of one model on one mesh (cached)."""
+
+    def __init__(self, sm: ShardModel, mesh: Mesh, cluster) -> None:
+        self.sm, self.mesh, self.cluster = sm, mesh, cluster
+        self.devices = mesh.devices
+        self.specs: list[Spec] = [op_spec(op, sm) for op in sm.ops]
+        self._cache: dict = {}
+        self._cands: dict[int, list[OpSharding]] = {}
+        self._time: dict = {}
+        # operators with the same type, attributes and shapes share shardings (repeated layers)
+        self.signature = [self._signature(op) for op in sm.ops]
+        self.in_edges: list[list[tuple[int, int, int]]] = [[] for _ in sm.ops]
+        self.out_edges: list[list[tuple[int, int, int]]] = [[] for _ in sm.ops]
+        for v, op in enumerate(sm.ops):
+            for k, t in enumerate(op.data_inputs):
+                u = sm.producer.get(t)
+                if u is not None:
+                    pos = sm.ops[u].outputs.index(t)
+                    self.in_edges[v].append((u, pos, k))
+                    self.out_edges[u].append((v, pos, k))
+
+    @property
+    def replicated_ops(self) -> list[str]:
+        """Operator types with no sharding rule (they run replicated)."""
+        return sorted(
+            {
+                op.op_type
+                for op, s in zip(self.sm.ops, self.specs, strict=True)
+                if s.kind == "replicated"
+            }
+        )
+
+    def _signature(self, op) -> tuple:
+        sm = self.sm
+        shapes = tuple(
+            (sm.shapes.get(t), str(sm.dtypes.get(t)), t in sm.consts and k not in op.data)
+            for k, t in enumerate(op.node.input)
+        )
+        consts = tuple(
+            np.asarray(sm.consts[t]).tobytes() if k not in op.data and t in sm.consts else b""
+            for k, t in enumerate(op.node.input)
+        )
+        outs = tuple(sm.shapes.get(t) for t in op.outputs)
+        attrs = tuple(a.SerializeToString() for a in op.node.attribute)
+        return (op.op_type, op.node.domain, tuple(op.data), shapes, consts, outs, attrs)
+
+    def sharding(self, i: int, strategy: Strategy) -> OpSharding:
+        key = (self.signature[i], strategy)
+        sh = self._cache.get(key)
+        if sh is None:
+            sh = self._cache[key] = shard(
+                self.sm.ops[i], self.sm, self.specs[i], strategy, self.devices
+            )
+        return sh
+
+    def candidates(self, i: int) -> list[OpSharding]:
+        """Every valid sharding of operator ``i`` on this mesh (replicated first)."""
+        i = self.signature[i]
+        if i not in self._cands:
+            out = []
+            from solver.spmd.rules import StrategyError, strategy_of
+
+            first = next(j for j, s in enumerate(self.signature) if s == i)
+            spec = self.specs[first]
+            for splits in candidates(spec, self.devices):
+                try:
+                    out.append(self.sharding(first, strategy_of(spec, splits)))
+                except StrategyError:
+                    continue
+            self._cands[i] = out
+        return self._cands[i]
+
+    def redistribution(self, src: Layout, dst: Layout, tensor: str) -> Redistribution:
+        return plan_redistribution(src, dst, self.sm.itemsize(tensor), self.mesh)
+
+    def edge_cost(self, u: int, su: OpSharding, v: int, sv: OpSharding) -> Redistribution:
+        """The redistribution on the edge u -> v when u runs ``su`` and v runs ``sv``."""
+        for w, pos, k in self.out_edges[u]:
+            if w == v:
+                t = self.sm.ops[u].outputs[pos]
+                return self.redistribution(su.out_layouts[pos], sv.in_layouts[k], t)
+        raise ValueError(f"no edge {u} -> {v}")
+
+    def compute_time(self, i: int, sh: OpSharding) -> float:
+        key = (self.signature[i], sh.strategy)
+        if key not in self._time:
+            self._time[key] = self._compute_time(i, sh)
+        return self._time[key]
+
+    def _compute_time(self, i: int, sh: OpSharding) -> float:
+        op = self.sm.ops[i]
+        moved = sum(
+            local_bytes(lay, self.sm.itemsize(t))
+            for t, lay in zip(
+                [*op.data_inputs, *op.outputs], [*sh.in_layouts, *sh.out_layouts], strict=True
+            )
+        )
+        return max(sh.local_flops / self.cluster.compute, moved / self.cluster.memory_bandwidth)
+
+    def weight_bytes(self, i: int, sh: OpSharding) -> float:
+        """Bytes of the weight shards operator ``i`` keeps on each device under ``sh``."""
+        op = self.sm.ops[i]
+        return sum(
+            local_bytes(lay, self.sm.itemsize(t))
+            for t, lay in zip(op.data_inputs, sh.in_layouts, strict=True)
+            if t in self.sm.consts
+        )
+
+    def output_reduction(self, lay: Layout, tensor: str) -> Redistribution | None:
+        """A model output left as partial sums: the cheapest all-reduce or reduce-scatter."""
+        if not lay.partial:
+            return None
+        options = [Layout(lay.shape, lay.device_matrix, lay.dims)]
+        for d in range(len(lay.dims)):
+            dims = list(lay.dims)
+            dims[d] = dims[d] + lay.partial
+            try:
+                options.append(Layout(lay.shape, lay.device_matrix, tuple(dims)))
+            except ValueError:
+                continue
+        plans = [self.redistribution(lay, o, tensor) for o in options]
+        return min(plans, key=lambda r: (r.time, r.bytes_per_device))
+
+
+@dataclass
+class Program:
+    """A sharded program with its costs; ``redists[(v, k)]`` feeds data input k of op v."""
+
+    mesh: Mesh
+    names: list[str]
+    shardings: list[OpSharding]
+    redists: dict[tuple[int, int], Redistribution]
+    output_redists: dict[str, Redistribution]
+    compute: list[float]
+    comm: list[float]
+    layouts: dict[str, Layout]
+    weight_memory: float
+    peak_activation_memory: float
+    output_layouts: dict[str, Layout] = field(default_factory=dict)
+
+    @property
+    def objective(self) -> float:
+        return sum(self.compute) + sum(self.comm) + self.output_comm
+
+    @property
+    def output_comm(self) -> float:
+        return sum(r.time for r in self.output_redists.values())
+
+    @property
+    def memory_per_device(self) -> float:
+        return self.weight_memory + self.peak_activation_memory
+
+    def all_redists(self) -> list[tuple[str, Redistribution]]:
+        """(consumer op or 'output', redistribution) for every non-empty redistribution."""
+        out = []
+        for (v, _k), r in sorted(self.redists.items()):
+            if r.steps:
+                out.append((self.names[v], r))
+        out += [("output", r) for r in self.output_redists.values() if r.steps]
+        return out
+
+    @property
+    def comm_bytes_per_device(self) -> float:
+        return sum(r.bytes_per_device for _, r in self.all_redists())
+
+    def collectives(self) -> dict[str, int]:
+        c = Counter(k for _, r in self.all_redists() for k in r.collectives)
+        return dict(sorted(c.items()))
+
+
+def evaluate(planner: Planner, strategies: dict[str, Strategy]) -> Program:
+    """Cost every operator, edge and output of the program given a strategy per operator."""
+    sm = planner.sm
+    shs = [planner.sharding(i, strategies[op.name]) for i, op in enumerate(sm.ops)]
+    redists: dict[tuple[int, int], Redistribution] = {}
+    compute, comm = [], []
+    layouts: dict[str, Layout] = {}
+    for v, op in enumerate(sm.ops):
+        sh = shs[v]
+        c = 0.0
+        for k, t in enumerate(op.data_inputs):
+            u = sm.producer.get(t)
+            if u is None:
+                layouts.setdefault(t, sh.in_layouts[k])
+                continue
+            src = shs[u].out_layouts[sm.ops[u].outputs.index(t)]
+            r = planner.redistribution(src, sh.in_layouts[k], t)
+            redists[(v, k)] = r
+            c += r.time
+        for t, lay in zip(op.outputs, sh.out_layouts, strict=True):
+            layouts[t] = lay
+        compute.append(planner.compute_time(v, sh))
+        comm.append(c)
+    outputs = {}
+    out_layouts = {}
+    for t in sm.outputs:
+        if t not in layouts:
+            continue
+        r = planner.output_reduction(layouts[t], t)
+        if r is not None:
+            outputs[t] = r
+        out_layouts[t] = r.dst if r is not None else layouts[t]
+    weights, peak = _memory(planner, shs, redists)
+    return Program(
+        planner.mesh,
+        [op.name for op in sm.ops],
+        shs,
+        redists,
+        outputs,
+        compute,
+        comm,
+        layouts,
+        weights,
+        peak,
+        out_layouts,
+    )
+
+
+def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, float]:
+    sm = planner.sm
+    seen: set = set()
+    weights = 0.0
+    for v, op in enumerate(sm.ops):
+        for t, lay in zip(op.data_inputs, shs[v].in_layouts, strict=True):
+            key = (t, canonical(lay))
+            if t in sm.consts and key not in seen:
+                seen.add(key)
+                weights += local_bytes(lay, sm.itemsize(t))
+    last: dict[str, int] = {}
+    for v, op in enumerate(sm.ops):
+        for t in op.data_inputs:
+            last[t] = v
+    for t in sm.outputs:
+        last[t] = len(sm.ops)
+    live: dict[str, float] = {}
+    peak = 0.0
+    for v, op in enumerate(sm.ops):
+        sh = shs[v]
+        extra = 0.0
+        for k, t in enumerate(op.data_inputs):
+            if t in sm.consts:
+                continue
+            r = redists.get((v, k))
+            if r is None or r.steps:  # a model input's copy, or a redistributed copy
+                extra += local_bytes(sh.in_layouts[k], sm.itemsize(t))
+        for t, lay in zip(op.outputs, sh.out_layouts, strict=True):
+            live[t] = local_bytes(lay, sm.itemsize(t))
+        peak = max(peak, sum(live.values()) + extra)
+        for t in [t for t in live if last.get(t, -1) <= v]:
+            del live[t]
+    return weights, peak
+
+
+def fmt_strategy(s: Strategy) -> str:
+    """The seed's notation: ``((2, 4), (4))``. One rank-0 input is ``((),)``: ``(())`` would
+    read back as no input at all."""
+    if len(s) == 1 and not s[0]:
+        return "((),)"
+    return "(" + ", ".join("(" + ", ".join(map(str, x)) + ")" for x in s) + ")"
