@@ -11,8 +11,10 @@ often faster without it).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from ortools.sat.python import cp_model
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 MAX_COEF = 2**30
 
@@ -20,6 +22,8 @@ MAX_COEF = 2**30
 def new_solver(time_limit: float, params: dict | None = None) -> cp_model.CpSolver:
     """A CP-SAT solver that stops after ``time_limit`` seconds, with the guard against
     google/or-tools#5293, then ``params`` (CP-SAT parameter name -> value) set in order."""
+    from ortools.sat.python import cp_model  # heavy: ortools pulls pandas (about a second)
+
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.max_time_in_seconds = time_limit

@@ -19,50 +19,28 @@ from solver.core.cost import Evaluation, check_placement, evaluate, validate
 from solver.core.errors import MtppError
 from solver.core.files import read_json, shown, write_json_atomic
 from solver.core.graph import Graph
+from solver.core.result import (  # noqa: F401  re-exported for the importers of this module
+    ALL_PLACEMENTS,
+    BOUND_ABS_TOL,
+    BOUND_TOL,
+    ERROR,
+    FEASIBLE,
+    INFEASIBLE,
+    INVALID,
+    MAX_RESOLUTION,
+    OPTIMAL,
+    OPTIMALITY_TOL,
+    UNKNOWN,
+    InvalidBoundError,
+    bound_exceeds,
+    certify,
+    meets_target,
+    optimal_within,
+    relative_gap,
+)
 
 PLAN_FORMAT = "mtpp-plan"
 PLAN_VERSION = 1
-OPTIMALITY_TOL = 1e-6
-# a lower bound may exceed the re-evaluated objective by float rounding only (sums taken in
-# another order): this much relative, plus BOUND_ABS_TOL absolute for objectives near zero
-BOUND_TOL = 1e-9
-BOUND_ABS_TOL = 1e-12
-
-OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN = "OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN"
-INVALID = "INVALID"  # a plan that breaks a hard constraint (evaluate only; solvers refuse it)
-ERROR = "ERROR"  # an experiment run that failed; its record carries the reason
-# stats["bound_scope"] of a method whose own bound holds for every plan and every placement
-# of its blocks on the devices (CP-SAT and brute force on a heterogeneous cluster)
-ALL_PLACEMENTS = "all plans and placements"
-
-
-class InvalidBoundError(AssertionError):
-    """A solver claimed a lower bound above its own plan's objective: a bug, not a user error."""
-
-
-def relative_gap(objective: float, bound: float | None) -> float | None:
-    """(objective - bound) / objective, clipped at 0; None without a bound, 0 for a zero
-    objective. Every kind of plan (pipeline, sharding, joint) reports its gap this way.
-
-    >>> relative_gap(4.0, 3.0), relative_gap(4.0, None), relative_gap(0.0, 0.0)
-    (0.25, None, 0.0)
-    """
-    if bound is None:
-        return None
-    if objective <= 0:
-        return 0.0
-    return max(0.0, (objective - bound) / objective)
-
-
-def bound_exceeds(bound: float, objective: float) -> bool:
-    """True when ``bound`` is above ``objective`` by more than float rounding can explain."""
-    return bound > objective + BOUND_TOL * abs(objective) + BOUND_ABS_TOL
-
-
-def meets_target(target: float | None, bound: float) -> bool:
-    """True when ``bound`` meets ``target``, a known plan's cost (within OPTIMALITY_TOL, the
-    test make_plan applies to OPTIMAL): no other bound can add anything."""
-    return target is not None and math.isfinite(target) and target <= bound * (1 + OPTIMALITY_TOL)
 
 
 @dataclass
@@ -161,50 +139,28 @@ def make_plan(
         if bad:
             raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
     ev = evaluate(g, cluster, a, placement=dev)
-    stats = dict(stats or {})
-    if lower_bound is not None:
-        lower_bound = float(lower_bound)
-        if not math.isfinite(lower_bound):
-            raise InvalidBoundError(f"{method} returned the lower bound {lower_bound}")
-        if bound_exceeds(lower_bound, ev.objective):
-            raise InvalidBoundError(
-                f"{method} claims the lower bound {lower_bound!r} above its plan's re-evaluated "
-                f"objective {ev.objective!r} (more than float rounding): a solver bug"
-            )
-        stats["raw_lower_bound"] = lower_bound
-        lower_bound = min(lower_bound, ev.objective)
-    plan = Plan(
+    verdict = certify(
+        method,
+        ev.objective,
+        [lower_bound],
+        proven=status == OPTIMAL,
+        resolution=resolution,
+        source=None,
+        scope=None,
+    )
+    return Plan(
         graph_name=g.name,
         fingerprint=g.fingerprint,
         node_names=g.names,
         assignment=a,
         cluster=cluster,
         method=method,
-        status=status,
+        status=verdict.status if status == OPTIMAL else status,
         evaluation=ev,
-        lower_bound=lower_bound,
+        lower_bound=verdict.lower_bound,
         wall_seconds=float(wall_seconds),
-        stats=stats,
+        stats=dict(stats or {}) | verdict.stats_view(),
         placement=dev,
-    )
-    if plan.status == OPTIMAL and (plan.gap is None or plan.gap > OPTIMALITY_TOL):
-        if plan.gap is not None and optimal_within(plan.objective, plan.lower_bound, resolution):
-            plan.stats["optimal_within"] = float(resolution)
-        else:
-            plan.status = FEASIBLE
-    return plan
-
-
-MAX_RESOLUTION = 1e-3  # a rounding resolution above this share of the objective proves nothing
-
-
-def optimal_within(objective: float, bound: float, resolution: float) -> bool:
-    """True when ``objective - bound`` is explained by a rounding ``resolution`` (seconds) no
-    larger than MAX_RESOLUTION of the objective: OPTIMAL "within the stated resolution"."""
-    return (
-        math.isfinite(resolution)
-        and 0 <= resolution <= MAX_RESOLUTION * abs(objective)
-        and objective - bound <= resolution
     )
 
 
