@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from solver.backends.spmd_execute import verify
+from solver.backends.verify import verify
 from solver.core.cluster import load_cluster
 from solver.spmd.mesh import Mesh
 from solver.spmd.model import from_proto

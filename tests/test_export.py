@@ -12,8 +12,9 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from solver.backends import export as onnx_export
-from solver.backends.export import compare_output, export_plan
+from solver.backends.export import export_plan
 from solver.backends.simulate import simulate
+from solver.backends.verify import compare_output
 from solver.cli import main
 from solver.core.cluster import load_cluster
 from solver.core.cost import evaluate
@@ -272,7 +273,7 @@ def test_integer_outputs_are_compared_exactly_by_default(tmp_path, capsys):
 
 
 def test_default_tolerance_by_type():
-    from solver.backends.export import default_tolerance
+    from solver.backends.verify import elem_tolerance as default_tolerance
 
     T = TensorProto
     assert [default_tolerance(t) for t in (T.FLOAT, T.DOUBLE, T.COMPLEX64)] == [1e-4] * 3

@@ -9,8 +9,9 @@ import math
 import onnx
 import pytest
 
-from solver.backends.export_joint import check_stages, stage_programs, verify_chain
+from solver.backends.export_joint import check_stages, stage_programs
 from solver.backends.simulate_joint import simulate_joint
+from solver.backends.verify import verify_chain
 from solver.cli import main
 from solver.core.cluster import Cluster, Topology
 from solver.core.errors import MtppError

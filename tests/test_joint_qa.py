@@ -13,7 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from solver.backends.export_joint import compare, default_tolerance, export_joint
+from solver.backends.export_joint import export_joint
+from solver.backends.verify import compare, default_tolerance
 from solver.cli import main
 from solver.frontends.onnx.modelgen import transformer
 from solver.joint.plan import save_joint_plan

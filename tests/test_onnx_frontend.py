@@ -130,7 +130,7 @@ def test_shard_and_solve_read_the_class_token_model(tmp_path, capsys, method):
 def test_shard_verify_fails_on_a_wrong_class_token():
     """The verification above can fail: a plan run on a model whose class token differs from
     the reference's (the sharded program reads the planner's folded value) is caught."""
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
     from solver.spmd.solve import solve_sharding
 
     res = solve_sharding(from_proto(vit_embeddings(), {}), devices=2, method="dp")

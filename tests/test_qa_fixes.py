@@ -206,7 +206,7 @@ def fp16_matmul():
 def test_fp16_verify_uses_the_half_precision_tolerance():
     """Partial sums of a split contraction added in fp16 differ from the whole MatMul by a few
     fp16 ulps: beyond 1e-4 x max(1, |ref|), within fp16's 1e-2 x max(1, |ref|)."""
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
     from solver.spmd.mesh import Mesh
     from solver.spmd.program import Planner, evaluate
     from solver.spmd.propagate import propagate

@@ -30,7 +30,7 @@ _spec.loader.exec_module(examples)
 
 
 def run(model, conf, mesh=(8,)):
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
 
     sm = from_proto(model, {})
     pl = Planner(sm, Mesh(mesh, (1e9,) * len(mesh), (0.0,) * len(mesh)), CLUSTER)
@@ -107,14 +107,14 @@ def test_verify_fails_on_a_dropped_reduction():
     pl, prog, v = run(examples.ffn(), {"dense1.matmul": ((2, 1), (1, 4))})
     assert v["ok"]
     assert _tamper(prog, "drop-reduction")
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
 
     bad = verify(pl, prog, seed=3)
     assert not bad["ok"] and bad["max_abs_diff"] > 1e-2
 
 
 def test_verify_fails_on_a_wrong_slice(monkeypatch):
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
     from solver.spmd import collectives
 
     conf = {"dense1.matmul": ((1, 1), (1, 1)), "dense2.matmul": ((1, 8), (8, 1))}
@@ -135,7 +135,7 @@ def test_verify_fails_on_a_wrong_slice(monkeypatch):
 
 def test_verify_reports_a_program_that_cannot_run():
     """Shards of the wrong shape make a local operator fail: verify says so, no traceback."""
-    from solver.backends.spmd_execute import verify
+    from solver.backends.verify import verify
     from solver.spmd.redistribute import plan_redistribution
 
     pl, prog, _ = run(examples.ffn(), {"dense2.matmul": ((1, 8), (8, 1))})

@@ -22,13 +22,13 @@ with ``force``, and only after the new one is complete):
 The model is loaded without its external data and checked by path (the in-memory checker and
 protobuf stop at 2 GiB), so peak memory follows the size of the graph, not of the weights.
 
-``verify`` runs the original model and the chained stage models in onnxruntime on seeded
-random inputs, checks that every model output has the original's shape and kind of dtype, and
-reports the largest absolute difference, held per output to the tolerance given or to the
-default of its type (1e-4 for float32/float64, 1e-2 for float16/bfloat16, exact for integers
-and bools); a NaN in either output fails the check. It needs about
-the model's weights plus activations in memory (:func:`memory_estimate`) and refuses when that
-exceeds the memory available, unless ``verify_memory_ok``.
+``verify`` (:func:`solver.backends.verify.verify_stages`) runs the original model and the
+chained stage models in onnxruntime on seeded random inputs, checks that every model output
+has the original's shape and kind of dtype, and reports the largest absolute difference, held
+per output to the tolerance given or to the default of its type (1e-4 for float32/float64,
+1e-2 for float16/bfloat16, exact for integers and bools); a NaN in either output fails the
+check. It needs about the model's weights plus activations in memory (:func:`memory_estimate`)
+and refuses when that exceeds the memory available, unless ``verify_memory_ok``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.verify import verify_stages
 from solver.core.errors import MtppError, first_line
 from solver.core.graph import Graph
 from solver.core.outdir import replace_dir, temp_dir_beside
@@ -428,7 +429,8 @@ def export_plan(
     ``inputs``): an existing non-empty folder is replaced only with ``force``. With ``verify``,
     the memory it needs is checked against the memory available before anything is written
     (skipped with ``verify_memory_ok``); ``before_write(estimate)`` may refuse too.
-    ``tolerance`` None holds each output to the default of its type (:func:`default_tolerance`).
+    ``tolerance`` None holds each output to the default of its type
+    (:func:`solver.backends.verify.elem_tolerance`).
     """
     import onnx
     from onnx import helper
@@ -517,126 +519,3 @@ def export_plan(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
-
-
-# default --tolerance by ONNX output type: fp32/fp64 sessions agree to rounding; fp16/bf16
-# stage and full sessions fuse (and cast) ops differently, a few fp16 ulps (measured 2.4e-4)
-FLOAT_TOLERANCE = 1e-4
-HALF_TOLERANCE = 1e-2
-
-
-def default_tolerance(elem_type: int) -> float:
-    """Largest absolute difference allowed on an output of this ONNX element type when the user
-    gives no ``--tolerance``: 1e-4 for float32/float64 (and complex), 1e-2 for float16/bfloat16,
-    0 (exact) for integers, bools, strings and the 8-bit floats."""
-    from onnx import TensorProto
-
-    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
-        return HALF_TOLERANCE
-    if elem_type in (
-        TensorProto.FLOAT,
-        TensorProto.DOUBLE,
-        TensorProto.COMPLEX64,
-        TensorProto.COMPLEX128,
-    ):
-        return FLOAT_TOLERANCE
-    return 0.0
-
-
-def _elem_type(model, name: str, value: np.ndarray) -> int:
-    """ONNX element type of a model output: as declared, else from the value onnxruntime gave."""
-    from onnx import helper
-
-    for o in model.graph.output:
-        if o.name == name and o.type.tensor_type.elem_type:
-            return int(o.type.tensor_type.elem_type)
-    try:
-        return int(helper.np_dtype_to_tensor_dtype(value.dtype))
-    except (KeyError, TypeError, ValueError):
-        return 0  # a type onnx does not name: compared exactly
-
-
-def verify_stages(
-    model_path: Path, model, folder: Path, report: dict, tolerance: float | None, seed: int
-) -> dict:
-    """Run the original and the chained stages on the same random inputs; compare outputs.
-
-    Every output is held to ``tolerance`` or, when it is None, to the default of its element
-    type (:func:`default_tolerance`); the report names the tolerance used per output.
-    """
-    import onnxruntime as ort
-
-    from solver.frontends.onnx.ort import random_inputs
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    feeds = random_inputs(model, seed=seed)
-    full = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in full.get_outputs()], full.run(None, feeds), strict=True))
-    del full  # one model in memory at a time (see memory_estimate)
-    env = dict(feeds)
-    for st in report["stages"]:
-        if not st["file"]:
-            continue
-        sess = ort.InferenceSession(
-            str(folder / st["file"]), so, providers=["CPUExecutionProvider"]
-        )
-        outs = sess.run(st["outputs"], {x: env[x] for x in st["inputs"]})
-        del sess
-        env.update(zip(st["outputs"], outs, strict=True))
-    diffs: dict[str, float | None] = {}
-    tols: dict[str, float] = {}
-    problems: list[str] = []
-    for name, ref in want.items():
-        if name not in env:
-            raise MtppError(f"verify: no stage produces the model output {name!r}")
-        ref = np.asarray(ref)
-        tols[name] = (
-            tolerance if tolerance is not None else default_tolerance(_elem_type(model, name, ref))
-        )
-        diffs[name], problem = compare_output(name, ref, np.asarray(env[name]))
-        if problem:
-            problems.append(problem)
-    over = [x for x, d in diffs.items() if d is not None and d > tols[x]]
-    compared = [d for d in diffs.values() if d is not None]
-    worst = max(compared) if compared else None  # None: no output could be compared
-    return {
-        "max_abs_diff": worst,
-        "per_output": diffs,
-        "problems": problems,
-        "tolerance": tolerance,  # None: each output's default, in tolerance_per_output
-        "tolerance_per_output": tols,
-        "over_tolerance": over,  # outputs whose difference exceeds their tolerance
-        "ok": not problems and not over,
-        "seed": seed,
-    }
-
-
-def compare_output(name: str, ref: np.ndarray, got: np.ndarray) -> tuple[float | None, str | None]:
-    """Largest absolute difference of one model output, or None and the reason it cannot pass.
-
-    Shapes and kinds of dtype (float, int, bool, ...) must agree before values are compared
-    (broadcasting would hide a wrong shape), and a NaN on either side is a failure, never a
-    pass: NaN compares unequal to everything, so a max over differences would drop it.
-    """
-    if ref.shape != got.shape:
-        return None, f"{name}: shape {list(got.shape)} from the stages, {list(ref.shape)} expected"
-    if ref.dtype.kind != got.dtype.kind:
-        return None, f"{name}: dtype {got.dtype} from the stages, {ref.dtype} expected"
-    if ref.dtype.kind in "fc":
-        for side, x in (("original model", ref), ("stages", got)):
-            if np.isnan(x).any():
-                return None, f"{name}: the {side} output has NaN"
-        if not np.array_equal(np.isinf(ref), np.isinf(got)) or not np.array_equal(
-            ref[np.isinf(ref)], got[np.isinf(got)]
-        ):
-            return None, f"{name}: infinities differ between the original and the stages"
-        fin = np.isfinite(ref)
-        diff = np.abs(got[fin].astype(np.float64) - ref[fin].astype(np.float64))
-        return (float(diff.max()) if diff.size else 0.0), None
-    if ref.dtype.kind in "iub":
-        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-        return (float(diff.max()) if diff.size else 0.0), None
-    if np.array_equal(ref, got):
-        return 0.0, None
-    return None, f"{name}: values differ"

@@ -14,7 +14,8 @@ Folder layout (written to a temporary folder beside ``DIR`` and renamed into pla
 ``--verify`` feeds seeded random inputs through the chain: each stage runs on its emulated
 devices with its strategies (:func:`solver.backends.spmd_execute.run_sharded`) and hands its outputs
 to the next stages; every boundary tensor and every model output is compared with onnxruntime
-on the whole model. The first tensor beyond tolerance names its stage.
+on the whole model (:func:`solver.backends.verify.verify_chain`). The first tensor beyond
+tolerance names its stage.
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.verify import verify_chain, verify_memory
 from solver.core.errors import MtppError, first_line
 from solver.frontends.onnx.common import subgraph_inputs
 from solver.spmd.model import ShardModel, Unloaded
 
 STAGE_DIR = "stage_{}"
-REL_TOLERANCE = 1e-4  # as mtpp shard --verify: max abs diff <= 1e-4 * max(1, max |reference|)
-# fp16/bf16: the emulated devices and onnxruntime sum in different orders, a few half-precision
-# ulps apart (measured 4.9e-4 on a random-weight Llama); the pipeline exporter allows 1e-2 too
-HALF_REL_TOLERANCE = 1e-2
 
 
 # ---------------------------------------------------------------------- checks
@@ -244,126 +242,6 @@ def stage_programs(plan, sm: ShardModel) -> list[StageProgram]:
     return out
 
 
-# ---------------------------------------------------------------------- verify
-def _reference(sm: ShardModel, names: list[str], feeds: dict) -> dict[str, np.ndarray]:
-    """onnxruntime on the whole model, returning ``names`` (outputs and inner tensors)."""
-    import onnxruntime as ort
-    from onnx import helper
-
-    m = type(sm.model)()
-    m.CopyFrom(sm.model)
-    have = {o.name for o in m.graph.output}
-    for x in names:
-        if x not in have:
-            elem = helper.np_dtype_to_tensor_dtype(sm.dtypes[x])
-            m.graph.output.append(helper.make_tensor_value_info(x, elem, list(sm.shapes[x])))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return dict(zip(names, sess.run(names, feeds), strict=True))
-
-
-def default_tolerance(want: np.ndarray, scale: float) -> float:
-    """The tolerance of a tensor when none is given, by its type: ``1e-4 * max(1, scale)`` for
-    float32/float64, ``1e-2 * max(1, scale)`` for float16/bfloat16, exact (0) for integers and
-    booleans, as ``mtpp export --verify`` of pipeline plans holds its outputs."""
-    dtype = np.asarray(want).dtype
-    if dtype.name in ("float16", "bfloat16"):
-        return HALF_REL_TOLERANCE * max(1.0, scale)
-    if dtype.kind in "iub":
-        return 0.0
-    return REL_TOLERANCE * max(1.0, scale)
-
-
-def compare(want: np.ndarray, have: np.ndarray, tolerance: float | None) -> dict:
-    """Shapes, NaN, max abs and max relative difference of one tensor, and whether it passes:
-    abs diff <= ``tolerance``, or by default as :func:`default_tolerance` says."""
-    have = np.asarray(have)
-    same = tuple(have.shape) == tuple(want.shape)
-    nan = bool(np.isnan(have).any()) if np.issubdtype(have.dtype, np.floating) else False
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
-    diff = math.inf
-    if same:
-        diff = float(np.max(np.abs(have.astype(np.float64) - want))) if want.size else 0.0
-    tol = tolerance if tolerance is not None else default_tolerance(want, scale)
-    ok = same and not nan and diff <= tol
-    return {
-        "shape": list(have.shape),
-        "max_abs_diff": diff if math.isfinite(diff) else None,
-        "max_rel_diff": (diff / scale if scale > 0 else diff) if math.isfinite(diff) else None,
-        "tolerance": tol,
-        "nan": nan,
-        "ok": bool(ok),
-    }
-
-
-def verify_chain(
-    plan, sm: ShardModel, programs: list[StageProgram], seed: int = 0, tolerance=None
-) -> dict:
-    """Run the stages one after the other on emulated devices, each fed by the outputs of the
-    stages before it, and compare every boundary tensor and model output with onnxruntime."""
-    from solver.backends.spmd_execute import random_inputs, run_sharded
-
-    if any(isinstance(v, Unloaded) for v in sm.consts.values()):
-        raise MtppError(
-            "--verify needs the weights, but the model's external weight file is absent"
-        )
-    feeds = random_inputs(sm, seed)
-    inner = [x for p in programs for x in p.stage.outputs]
-    names = list(dict.fromkeys([*sm.outputs, *inner]))
-    ref = _reference(sm, names, feeds)
-    env: dict[str, np.ndarray] = dict(feeds)
-    stages, failure = [], None
-    for p in programs:
-        st = p.stage
-        row = {"stage": st.index, "outputs": {}, "error": None}
-        stages.append(row)
-        try:
-            got = run_sharded(p.planner, p.program, {x: env[x] for x in st.inputs})
-        except ValueError as e:  # a replica mismatch, a shard of the wrong shape
-            row["error"] = first_line(e)
-            failure = failure or f"stage {st.index}: {row['error']}"
-            break
-        for x in st.outputs:
-            env[x] = got[x]
-            row["outputs"][x] = c = compare(ref[x], got[x], tolerance)
-            if not c["ok"] and failure is None:
-                failure = f"stage {st.index}, tensor {x!r}: " + _why(c)
-    outputs = {x: compare(ref[x], env[x], tolerance) for x in sm.outputs if x in env}
-    for x in sm.outputs:
-        if x not in env and failure is None:
-            failure = f"model output {x!r} was not computed by any stage"
-    worst = [c["max_abs_diff"] for c in outputs.values()]
-    return {
-        "ok": failure is None and all(c["ok"] for c in outputs.values()),
-        "seed": seed,
-        "tolerance": tolerance,
-        "max_abs_diff": None if None in worst or not worst else max(worst),
-        "outputs": outputs,
-        "stages": stages,
-        "failure": failure,
-    }
-
-
-def _why(c: dict) -> str:
-    if c["max_abs_diff"] is None:
-        return f"shape {c['shape']} differs from the model's"
-    if c["nan"]:
-        return "NaN in the stage's result"
-    return f"max abs diff {c['max_abs_diff']:.3g} exceeds the tolerance {c['tolerance']:.3g}"
-
-
-def verify_memory(sm: ShardModel, programs: list[StageProgram]) -> float:
-    """Bytes ``--verify`` needs beyond the loaded model, an estimate: the weights twice (the
-    reference session, the stages loaded back), every activation of the whole model (the
-    reference returns every boundary tensor) and the busiest stage's devices, each holding
-    its program's memory."""
-    weights = sum(np.asarray(v).nbytes for v in sm.consts.values() if not isinstance(v, Unloaded))
-    acts = sum(math.prod(sm.shapes[t]) * sm.itemsize(t) for op in sm.ops for t in op.outputs)
-    devices = max(p.program.memory_per_device * p.planner.devices for p in programs)
-    return float(2 * weights + acts + devices)
-
-
 # ---------------------------------------------------------------------- export
 def _written_programs(plan, folder: Path) -> list[StageProgram]:
     """The stages as written: each ``stage_{s}/annotated.onnx`` loaded back (weights from its
@@ -437,9 +315,9 @@ def export_joint(
 ) -> dict:
     """Write one folder per stage, ``plan.json`` and ``manifest.json`` into ``out_dir`` (see
     the module docstring); with ``verify`` run the chain from the written files, refused
-    before anything is written when :func:`verify_memory` exceeds the memory available
-    (unless ``verify_memory_ok``). Returns the manifest (with ``verify``). ``out_dir`` is
-    refused as :func:`check_output_dir` says."""
+    before anything is written when :func:`solver.backends.verify.verify_memory` exceeds the
+    memory available (unless ``verify_memory_ok``). Returns the manifest (with ``verify``).
+    ``out_dir`` is refused as :func:`check_output_dir` says."""
     import onnx
 
     from solver.core.files import check_output_dir, json_safe

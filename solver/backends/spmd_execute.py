@@ -1,4 +1,4 @@
-"""Run a sharded program on emulated devices and compare it with the unsplit model.
+"""Run a sharded program on emulated devices (pure execution, no comparison).
 
 Each device holds its own numpy buffers. An operator runs on every device over its local
 shards with ONNX semantics (a single-node onnxruntime session per operator and local shape);
@@ -6,7 +6,8 @@ the distributed-operator details are explicit here: a view reshapes to the local
 a split ReduceMean scales its local mean, a Gather over a split vocabulary looks up locally
 with a mask (partial sums), and a bias under a split contraction is added on one partial-sum
 device only. Redistributions run step by step through :mod:`solver.spmd.collectives`.
-Outputs are reassembled from their layouts and compared with onnxruntime on the whole model.
+Outputs are reassembled from their layouts; :mod:`solver.backends.verify` compares them with
+onnxruntime on the whole model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import numpy as np
 
 from solver.core.errors import MtppError, first_line
+from solver.frontends.onnx.ort import check_input_size
 from solver.spmd.collectives import apply, assemble, scatter
 from solver.spmd.model import ShardModel, Unloaded
 from solver.spmd.program import Planner, Program
@@ -177,8 +179,6 @@ def _whole(sm: ShardModel, program: Program, env: dict, feeds: dict, t: str) -> 
 
 def random_inputs(sm: ShardModel, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random model inputs; integer inputs stay inside the range their Gathers index."""
-    from solver.frontends.onnx.ort import check_input_size
-
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in sm.inputs:
@@ -209,42 +209,3 @@ def reference(sm: ShardModel, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
     )
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feeds), strict=True))
-
-
-def verify(
-    planner: Planner, program: Program, seed: int = 0, tolerance: float | None = None
-) -> dict:
-    """Sharded vs unsplit on seeded random inputs: shapes equal, no NaN, max abs diff within
-    ``tolerance``, by default per output type as
-    :func:`solver.backends.export_joint.default_tolerance`
-    (fp32 1e-4, fp16/bf16 1e-2, times max(1, max |reference|); integers and bools exact).
-    A program that cannot run fails with the reason in ``error``."""
-    from solver.backends.export_joint import compare
-
-    if any(isinstance(v, Unloaded) for v in planner.sm.consts.values()):
-        raise MtppError(
-            "--verify needs the weights, but the model's external weight file is absent"
-        )
-    feeds = random_inputs(planner.sm, seed)
-    ref = reference(planner.sm, feeds)
-    try:
-        got = run_sharded(planner, program, feeds)
-    except ValueError as e:  # a replica mismatch or a block no device holds
-        return {"ok": False, "max_abs_diff": None, "error": str(e), "outputs": {}}
-    per = {t: compare(want, got[t], tolerance) for t, want in ref.items()}
-    diffs = [c["max_abs_diff"] for c in per.values()]
-    worst = None if None in diffs else max(diffs, default=0.0)
-    bad = next((t for t, c in per.items() if not c["ok"]), None)
-    out = {"ok": bad is None, "max_abs_diff": worst, "seed": seed, "outputs": per}
-    if bad is not None:
-        out["error"] = f"output {bad!r}: {_why(per[bad])}"
-    return out
-
-
-def _why(c: dict) -> str:
-    """Why an output failed the comparison, in a few words."""
-    if c["max_abs_diff"] is None:
-        return f"shape {c['shape']} differs from the reference's"
-    if c["nan"]:
-        return "has NaN"
-    return f"max abs diff {c['max_abs_diff']:.3g} exceeds the tolerance {c['tolerance']:.3g}"

@@ -130,7 +130,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     plan["warnings"] = warnings
     ok = True
     if args.verify:
-        from solver.backends.spmd_execute import verify
+        from solver.backends.verify import verify
 
         plan["verify"] = verify(planner, program, seed=args.seed)
         ok = plan["verify"]["ok"]
