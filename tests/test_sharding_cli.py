@@ -439,7 +439,7 @@ def test_cli_verify_on_the_bundled_small_models(name, capsys):
 def test_plan_json_is_strict_json_like_stdout(tmp_path):
     """plan.json goes through json_safe as --json does: an infinity is null (never the
     non-JSON 'Infinity'), a numpy integer stays an integer."""
-    from solver.spmd.report import write_out
+    from solver.backends.export_spmd import write_out
 
     sm = from_proto(examples.ffn(), {})
     plan = {"lower_bound": float("inf"), "gap": float("nan"), "count": np.int64(3)}
