@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import solver.pipeline.options as solve_options
 import solver.pipeline.registry as methods
 from solver.cli import main
 from solver.core.cluster import Cluster
@@ -23,8 +24,9 @@ from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
 from solver.pipeline.heuristics.brkga import BrkgaOptions, brkga
 from solver.pipeline.heuristics.slicing import SliceTimeout, slice_order, slice_table_bytes
+from solver.pipeline.options import estimate_bytes
 from solver.pipeline.plan import FEASIBLE, INVALID, OPTIMAL, InvalidBoundError, make_plan
-from solver.pipeline.registry import SolveOptions, estimate_bytes, quick_assignment, solve
+from solver.pipeline.registry import SolveOptions, quick_assignment, solve
 
 from .badinput import assert_refused
 
@@ -370,7 +372,7 @@ def test_memory_estimate_refuses_before_allocating(monkeypatch):
     c = Cluster("c", 400, link_bandwidth=1e9)
     assert estimate_bytes("slicegraph", cg, 400, {}) == slice_table_bytes(400, 400) + 24 * 20 * 400
     assert slice_table_bytes(100_000, 100_000) == 16 * 100_001 * 100_001
-    monkeypatch.setattr(methods, "memory_budget", lambda: 10**6)
+    monkeypatch.setattr(solve_options, "memory_budget", lambda: 10**6)
     with pytest.raises(MtppError, match=r"slicegraph on 400 nodes and 400 blocks would need"):
         solve(g, c, "slicegraph")
     plan = solve(g, c, "time")  # linear in n: still runs

@@ -461,7 +461,8 @@ def test_time_baseline_gives_the_fast_devices_proportionally_more_work():
 
 
 def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_better():
-    from solver.pipeline.registry import _flat_then_place, run_slicegraph
+    from solver.pipeline.runners import run_slicegraph
+    from solver.pipeline.topology import flat_then_place
 
     rng = np.random.default_rng(3)
     opts = SolveOptions(time_limit=5.0, workers=1)
@@ -470,7 +471,7 @@ def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_b
         g = random_graph(rng, 9)
         c = random_cluster(rng, 4) if rng.random() < 0.5 else one_host(rng, 4)
         try:
-            flat = _flat_then_place(run_slicegraph, g, c, 4, opts)
+            flat = flat_then_place(run_slicegraph, g, c, 4, opts)
         except MtppError:
             flat = None
         plan = run_slicegraph.on_devices(g, c, opts) if flat is not None else None
@@ -487,14 +488,15 @@ def test_slicegraph_on_devices_is_never_worse_than_the_flat_view_and_sometimes_b
 def test_plans_that_only_a_proportional_split_fits_are_found(method):
     """600 weight bytes on devices of capacity 120, 320, 120, 320: an equal split (150 each)
     fits no placement, so the flat view is refused; planning against the devices is not."""
-    from solver.pipeline.registry import METHODS, _flat_then_place
+    from solver.pipeline.registry import METHODS
+    from solver.pipeline.topology import flat_then_place
 
     g = chain_with_weights(60)
     topo = Topology(((0, 1, 2, 3),), ("h",), ((1e6, 0.0),), capacity=(120, 320, 120, 320))
     c = Cluster("mem", 4, compute=1.0, link_bandwidth=1e6, topology=topo)
     opts = SolveOptions(time_limit=5.0, workers=1)
     with pytest.raises(MtppError, match="no placement of them"):
-        _flat_then_place(METHODS[method], g, c, 4, opts)
+        flat_then_place(METHODS[method], g, c, 4, opts)
     plan = solve(g, c, method, opts)
     assert validate(g, c, plan.assignment, placement=plan.placement) == []
     assert plan.objective == evaluate(g, c, plan.assignment, placement=plan.placement).objective
