@@ -12,7 +12,8 @@ import pytest
 
 from solver.cli import main
 from solver.core.errors import MtppError
-from solver.experiments.driver import load_config, run_experiment
+from solver.experiments.config import load_config
+from solver.experiments.driver import run_experiment
 
 from .conftest import bench_path
 from .experiment_helpers import write

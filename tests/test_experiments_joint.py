@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from solver.core.errors import MtppError
-from solver.experiments.driver import expand, load_config, run_experiment
+from solver.experiments.config import expand, load_config
+from solver.experiments.driver import run_experiment
 from solver.experiments.reports import joint_markdown, joint_wins
 from solver.joint import load_joint_plan
 

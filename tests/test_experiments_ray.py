@@ -14,6 +14,7 @@ import yaml
 
 import solver.experiments.driver as ex
 import solver.experiments.ray_backend as er
+import solver.experiments.runs as runs_mod
 from solver.core.errors import MtppError
 from solver.frontends import load_graph
 from solver.pipeline.plan import ERROR, FEASIBLE, OPTIMAL
@@ -100,14 +101,14 @@ def test_a_run_that_raises_is_recorded_as_failed_and_files_come_by_object_store(
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def raise_on_uniform(desc, gs_data, graph, cluster, workers):
-        from solver.experiments.driver import solve_run as real
+        from solver.experiments.runs import solve_run as real
 
         if desc["method"] == "uniform":
             raise RuntimeError(f"boom on {desc['devices']}")
         rec = real(desc, gs_data, graph, cluster, workers)
         return dict(rec, shipped=graph, shipped_exists=Path(graph).is_file())
 
-    monkeypatch.setattr(ex, "solve_run", raise_on_uniform)
+    monkeypatch.setattr(runs_mod, "solve_run", raise_on_uniform)
     onnx = tmp_path / "models" / "unet.onnx"
     onnx.parent.mkdir()
     onnx.write_bytes((ROOT / "models/small/unet.onnx").read_bytes())
@@ -148,7 +149,7 @@ def test_a_run_that_hangs_times_out_and_a_lost_worker_is_recorded(
     def hang_or_die(desc, gs_data, graph, cluster, workers):
         import os
 
-        from solver.experiments.driver import solve_run as real
+        from solver.experiments.runs import solve_run as real
 
         if desc["method"] == "uniform":
             time.sleep(600)
@@ -156,7 +157,7 @@ def test_a_run_that_hangs_times_out_and_a_lost_worker_is_recorded(
             os._exit(9)  # the worker process dies (as the out-of-memory killer would do it)
         return real(desc, gs_data, graph, cluster, workers)
 
-    monkeypatch.setattr(ex, "solve_run", hang_or_die)
+    monkeypatch.setattr(runs_mod, "solve_run", hang_or_die)
     monkeypatch.setattr(er, "TIMEOUT_FACTOR", 1.0)
     monkeypatch.setattr(er, "TIMEOUT_GRACE", 2.0)
     methods = [
@@ -186,7 +187,7 @@ def test_interrupted_ray_sweep_keeps_finished_runs_and_resume_does_only_the_rest
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def slow_unless_time(desc, gs_data, graph, cluster, workers):
-        from solver.experiments.driver import solve_run as real
+        from solver.experiments.runs import solve_run as real
 
         if desc["method"] != "time":
             time.sleep(120)  # still running when the driver is interrupted
@@ -202,7 +203,7 @@ def test_interrupted_ray_sweep_keeps_finished_runs_and_resume_does_only_the_rest
         got.extend(ready)
         return ready
 
-    monkeypatch.setattr(ex, "solve_run", slow_unless_time)
+    monkeypatch.setattr(runs_mod, "solve_run", slow_unless_time)
     monkeypatch.setattr(er, "_wait", wait_then_interrupt)
     cfg = write(tmp_path, FAST)
     out = tmp_path / "out"
@@ -254,11 +255,11 @@ def test_cpus_per_run_come_from_the_config_and_the_nodes(
     tmp_path, ray_session, monkeypatch, capsys
 ):
     def note_workers(desc, gs_data, graph, cluster, workers):
-        from solver.experiments.driver import solve_run as real
+        from solver.experiments.runs import solve_run as real
 
         return dict(real(desc, gs_data, graph, cluster, workers), cpus=workers)
 
-    monkeypatch.setattr(ex, "solve_run", note_workers)
+    monkeypatch.setattr(runs_mod, "solve_run", note_workers)
     methods = ["cpsat", "time", {"name": "uniform", "cpus": 2}]
     data = {**FAST, "devices": [2], "methods": methods, "backend": "ray"}
     recs = ex.run_experiment(write(tmp_path, data), tmp_path / "out", progress=False)

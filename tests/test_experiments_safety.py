@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import solver.experiments.driver as ex
+import solver.experiments.local as local
 from solver.core.errors import MtppError
 from solver.experiments import benchdata
 from solver.pipeline.plan import ERROR, FEASIBLE, INVALID, OPTIMAL
@@ -21,7 +22,7 @@ from .conftest import bench_path
 from .experiment_helpers import FAST, jsonl_ids, run_cli, write
 
 ROOT = Path(__file__).resolve().parents[1]
-_real_execute = ex._execute
+_real_execute = local._execute
 
 
 # ---------------------------------------------------------------------- Ctrl-C
@@ -38,7 +39,7 @@ def test_ctrl_c_records_finished_runs_stops_workers_and_resume_finishes(
     cfg = write(tmp_path, {**FAST, "devices": [2]})
     out = tmp_path / "out"
     calls = []
-    real_wait = ex.wait
+    real_wait = local.wait
 
     def wait_then_interrupt(*a, **kw):
         calls.append(1)
@@ -46,8 +47,8 @@ def test_ctrl_c_records_finished_runs_stops_workers_and_resume_finishes(
             raise KeyboardInterrupt  # Ctrl-C after the first finished run
         return real_wait(*a, **kw)
 
-    monkeypatch.setattr(ex, "wait", wait_then_interrupt)
-    monkeypatch.setattr(ex, "_execute", _slow_unless_time)
+    monkeypatch.setattr(local, "wait", wait_then_interrupt)
+    monkeypatch.setattr(local, "_execute", _slow_unless_time)
     t0 = time.perf_counter()
     assert run_cli(cfg, "-o", out, "-j", 2) == 130
     assert time.perf_counter() - t0 < 30  # the sleeping worker was terminated, not awaited
@@ -71,7 +72,7 @@ def test_ctrl_c_records_finished_runs_stops_workers_and_resume_finishes(
 
 def test_interrupt_from_the_library_is_a_keyboard_interrupt(tmp_path, monkeypatch):
     cfg = write(tmp_path, FAST)
-    monkeypatch.setattr(ex, "wait", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(local, "wait", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt) as info:
         ex.run_experiment(cfg, tmp_path / "out", progress=False)
     assert isinstance(info.value, ex.ExperimentInterrupted)
@@ -90,7 +91,7 @@ def _die_on_uniform(desc, *args):
 def test_a_dead_worker_ends_with_one_line_and_resume_finishes(tmp_path, monkeypatch, capsys):
     cfg = write(tmp_path, FAST)
     out = tmp_path / "out"
-    monkeypatch.setattr(ex, "_execute", _die_on_uniform)
+    monkeypatch.setattr(local, "_execute", _die_on_uniform)
     assert run_cli(cfg, "-o", out) == 2
     assert multiprocessing.active_children() == []
     (line,) = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from solver.core.errors import MtppError
-from solver.experiments.driver import load_config, run_experiment
+from solver.experiments.config import load_config
+from solver.experiments.driver import run_experiment
 
 from .badinput import assert_refused
 from .conftest import ROOT
@@ -105,7 +106,7 @@ def test_shard_runs_table_and_resume(tmp_path):
 
 def test_shard_ids_cover_options(tmp_path):
     """The run id changes with the strategy file's content; labels are not part of it."""
-    from solver.experiments.driver import expand
+    from solver.experiments.config import expand
 
     data = shard_config(tmp_path)
     cfg, base = load_config(write(tmp_path, data))
@@ -162,7 +163,7 @@ def test_shard_config_per_graph(tmp_path):
     """A method's config may map graph names to strategy files (node names differ between
     model families): each graph runs with its own strategies, a graph the mapping does not
     name is not run by that method (no ERROR record), and the run id follows the file."""
-    from solver.experiments.driver import expand
+    from solver.experiments.config import expand
 
     data = shard_config(tmp_path)
     onnx.save(examples.mlp(seed=3, batch=4, sizes=(8, 16, 4)), tmp_path / "mlp.onnx")

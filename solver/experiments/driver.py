@@ -6,21 +6,22 @@
 The config is validated (pydantic, strict: unknown keys, wrong types, booleans where numbers
 belong, NaN or infinite limits are refused with the path of the key; missing files, unknown
 methods, options or presets, absurd sizes are reported) before any run starts or any file is
-written. Paths in the config are resolved beside the config file, then in the current folder;
-the dnn-partitioning data folder is the ``benchmark_dir:`` key, else ``$MTPP_BENCH``, else
-../shared/benchmarks/dnn-partitioning beside the current project
-(:mod:`solver.experiments.benchdata`).
+written (:mod:`solver.experiments.config`). Paths in the config are resolved beside the config
+file, then in the current folder; the dnn-partitioning data folder is the ``benchmark_dir:``
+key, else ``$MTPP_BENCH``, else ../shared/benchmarks/dnn-partitioning beside the current
+project (:mod:`solver.experiments.benchdata`).
 
-Two backends run the same runs and write the same records: ``local``, a process pool on this
-machine, and ``ray`` (:mod:`solver.experiments.ray_backend`), one Ray task per run on a local Ray
-instance or an existing cluster. Either way the driver (this process) writes every finished
-run at once and atomically to ``runs/<id>.json`` (and appends it to ``results.jsonl``) with its
-plan in ``plans/<id>.json``; workers never write into the results folder. Ctrl-C cancels the
-queued runs, stops the running ones, records every finished one and writes the reports;
-``--resume`` skips what is recorded (by either backend) and redoes a run whose record is torn.
-A run id hashes everything that defines the run: the graph source (and file content), dims,
-work model, builder parameters, the cluster (an inline cluster by its content), k, the method
-and its options, time limit, seed and repeat.
+Two backends run the same runs (:mod:`solver.experiments.runs`) and write the same records:
+``local``, a process pool on this machine (:mod:`solver.experiments.local`), and ``ray``
+(:mod:`solver.experiments.ray_backend`), one Ray task per run on a local Ray instance or an
+existing cluster. Either way the driver (this process) writes every finished run at once and
+atomically to ``runs/<id>.json`` (and appends it to ``results.jsonl``) with its plan in
+``plans/<id>.json`` (:mod:`solver.experiments.store`); workers never write into the results
+folder. Ctrl-C cancels the queued runs, stops the running ones, records every finished one and
+writes the reports; ``--resume`` skips what is recorded (by either backend) and redoes a run
+whose record is torn. A run id hashes everything that defines the run: the graph source (and
+file content), dims, work model, builder parameters, the cluster (an inline cluster by its
+content), k, the method and its options, time limit, seed and repeat.
 
 An optional ``shard:`` key (meshes, memory limits, methods propagate/dp/megatron/cpsat, a
 strategy ``config:`` per method, or a mapping graph name -> strategy file, the method then
@@ -45,25 +46,16 @@ most 8; other methods: 1) and gets that many CP-SAT workers.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import math
 import os
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from solver.core.errors import MtppError
-from solver.core.files import check_output_dir, read_yaml, write_json_atomic
 from solver.experiments import benchdata
+from solver.experiments.config import ExperimentConfig, expand, graph_source, load_config, warn
+from solver.experiments.local import SweepEnd, run_pool
+from solver.experiments.progress import SweepProgress
+from solver.experiments.ray_backend import RaySweep, require_ray
 from solver.experiments.reports import (  # noqa: F401  (re-exported: the reports' API)
     CSV_COLUMNS,
     enrich,
@@ -72,20 +64,11 @@ from solver.experiments.reports import (  # noqa: F401  (re-exported: the report
     summary_markdown,
     write_reports,
 )
-from solver.pipeline.plan import ERROR, INFEASIBLE
+from solver.experiments.store import check_output, load_done, record, repair_log, sigint_deferred
+from solver.pipeline.plan import ERROR
 
 BACKENDS = ("local", "ray")
-MAX_RUNS = 1_000_000  # a larger cross product is refused before anything is allocated
-WARN_RUNS = 2_000  # a larger one is run, with a warning
-MAX_LAYERED = 1_000_000  # nodes of a generated layered DAG
-
-Count = Annotated[int, Field(strict=True, ge=1)]
-Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
-
-
-def warn(message: str) -> None:
-    """One warning line on stderr."""
-    print(f"mtpp: warning: {message}", file=sys.stderr, flush=True)
+WARN_RUNS = 2_000  # a larger sweep is run, with a warning
 
 
 class ExperimentInterrupted(KeyboardInterrupt):
@@ -94,973 +77,6 @@ class ExperimentInterrupted(KeyboardInterrupt):
     def __init__(self, recorded: int, total: int, output: Path):
         super().__init__(f"{recorded} of {total} runs recorded in {output}")
         self.recorded, self.total, self.output = recorded, total, output
-
-
-# ---------------------------------------------------------------------- the config schema
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class GraphSpec(_Strict):
-    """One graph: exactly one of the source keys."""
-
-    dnnpart: str | None = None  # e.g. LayerGraphs/bert24_inference (in the benchmark folder)
-    onnx: str | None = None  # a path, relative to the config's folder or the current folder
-    json_file: str | None = Field(default=None, alias="json")
-    zoo: str | None = None  # a model-zoo network shipped in the onnx wheel, e.g. resnet50
-    # a solver.frontends.onnx.modelgen kind: transformer, decoder, resnet, ...
-    generate: str | None = None
-    layered: Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERED)] | None = None
-    params: dict[str, int | float] = {}  # builder parameters for generate / layered
-    dims: dict[str, Count] = {}
-    work: Literal["roofline", "flops", "measured"] = "roofline"
-    name: str | None = None
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-    @model_validator(mode="after")
-    def _one_source(self):
-        keys = [k for k in SOURCES if getattr(self, k) is not None]
-        if len(keys) != 1:
-            raise ValueError("give exactly one of dnnpart, onnx, json, zoo, generate, layered")
-        return self
-
-    def source(self) -> dict:
-        """The source key and its value, e.g. ``{"onnx": "models/x.onnx"}``."""
-        key = next(k for k in SOURCES if getattr(self, k) is not None)
-        return {"json" if key == "json_file" else key: getattr(self, key)}
-
-
-SOURCES = ("dnnpart", "onnx", "json_file", "zoo", "generate", "layered")
-
-
-class MethodSpec(_Strict):
-    name: str
-    time_limit: Seconds | None = None
-    options: dict[str, Any] = {}
-    label: str | None = None
-    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None  # per run (CP-SAT)
-
-
-SHARD_METHODS = ("propagate", "dp", "megatron", "cpsat")  # solver.spmd.solve.METHODS
-ShardMethodName = Literal["propagate", "dp", "megatron", "cpsat"]
-
-
-class ShardMethodSpec(_Strict):
-    """One operator-sharding method; ``config``: a strategy YAML fixed in the run (propagate
-    starts from it), or a mapping graph name -> strategy YAML (node names differ between model
-    families): the method then runs on the graphs it names only. Its default label is
-    ``shard-<name>``, apart from the pipeline methods."""
-
-    name: ShardMethodName
-    time_limit: Seconds | None = None
-    config: str | dict[str, str] | None = None
-    label: str | None = None
-    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
-
-    def as_method(self) -> MethodSpec:
-        """The spec as the runners see it (label and cpus by label)."""
-        label = self.label or f"shard-{self.name}"
-        return MethodSpec(name=self.name, time_limit=self.time_limit, label=label, cpus=self.cpus)
-
-
-class ShardSpec(_Strict):
-    """Operator-level sharding of the config's ONNX graphs: meshes x memory limits x methods.
-    A memory limit of null is the cluster's device capacity."""
-
-    meshes: list[Annotated[str, Field(min_length=1)] | Count] = Field(min_length=1)
-    memory: list[Annotated[str, Field(min_length=1)] | int | float | None] = [None]
-    methods: list[ShardMethodName | ShardMethodSpec] = Field(min_length=1)
-
-    def method_specs(self) -> list[ShardMethodSpec]:
-        return [ShardMethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
-
-
-JOINT_SPACES = ("pipeline", "sharding", "joint")  # solver.joint.submesh.SPACES
-JointSpaceName = Literal["pipeline", "sharding", "joint"]
-
-
-class JointSpec(_Strict):
-    """Pipeline vs sharding vs joint plans (:func:`solver.joint.plan_joint`) of the config's
-    ONNX graphs on each cluster's devices: memory limits x spaces. A memory limit of null is
-    each device's capacity. Each run's plan is checked by the joint simulator."""
-
-    spaces: list[JointSpaceName] = Field(default=list(JOINT_SPACES), min_length=1)
-    memory: list[Annotated[str, Field(min_length=1)] | int | float | None] = [None]
-    time_limit: Seconds | None = None
-    requests: Annotated[int, Field(strict=True, ge=2, le=10_000)] = 20  # simulated requests
-    cpus: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
-
-    def method_specs(self) -> list[MethodSpec]:
-        """One method per space, labelled ``space-<name>`` (apart from the pipeline methods)."""
-        return [
-            MethodSpec(
-                name=f"joint-{s}", time_limit=self.time_limit, label=joint_label(s), cpus=self.cpus
-            )
-            for s in self.spaces
-        ]
-
-
-def joint_label(space: str) -> str:
-    """The method label of a joint run in ``space``."""
-    return f"space-{space}"
-
-
-class ExperimentConfig(_Strict):
-    name: str = "experiment"
-    graphs: list[GraphSpec] = Field(min_length=1)
-    clusters: list[str | dict[str, Any]] = ["file"]
-    devices: list[Count | None] = [None]  # None: the graph file's k (or the cluster's)
-    methods: list[str | MethodSpec] = []  # pipeline partitioning methods
-    shard: ShardSpec | None = None  # operator-level sharding runs (solver.spmd)
-    joint: JointSpec | None = None  # pipeline vs sharding vs joint plans (solver.joint)
-    time_limit: Seconds = 60.0
-    seeds: list[Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]] = [0]
-    repeats: Count = 1
-    benchmark_dir: str | None = None  # the dnn-partitioning folder, relative to this file
-    backend: Literal["local", "ray"] | None = None  # the command line's --backend wins
-    address: Annotated[str, Field(min_length=1)] | None = None  # a Ray cluster to join
-
-    @model_validator(mode="after")
-    def _some_methods(self):
-        if not self.methods and self.shard is None and self.joint is None:
-            raise ValueError(
-                "give 'methods' (pipeline partitioning), 'shard' or 'joint' (or several)"
-            )
-        return self
-
-    def pipeline_specs(self) -> list[MethodSpec]:
-        """The pipeline partitioning methods."""
-        return [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
-
-    def method_specs(self) -> list[MethodSpec]:
-        """Every method by its label: the pipeline ones, the sharding ones, the joint spaces."""
-        shard = [m.as_method() for m in self.shard.method_specs()] if self.shard else []
-        joint = self.joint.method_specs() if self.joint else []
-        return self.pipeline_specs() + shard + joint
-
-    def size(self) -> int:
-        """How many runs the cross product has (sharding runs: every graph counted)."""
-        pipeline = (
-            len(self.graphs)
-            * len(self.clusters)
-            * len(self.devices)
-            * len(self.methods)
-            * len(self.seeds)
-            * self.repeats
-        )
-        per_graph = len(self.graphs) * len(self.clusters) * len(self.seeds)
-        if self.shard is not None:
-            sh = self.shard
-            pipeline += per_graph * len(sh.meshes) * len(sh.memory) * len(sh.methods)
-        if self.joint is not None:
-            pipeline += per_graph * len(self.joint.memory) * len(self.joint.spaces)
-        return pipeline
-
-
-_TYPE_TAGS = {
-    *("str", "int", "float", "bool", "dict", "list", "none"),
-    *("GraphSpec", "MethodSpec", "ShardMethodSpec"),
-}
-
-
-def validation_message(e: ValidationError) -> str:
-    """The most specific pydantic error as 'key a.b.c: message'. For a union field (a method
-    given as a name or as a mapping) the deepest error is the helpful one; type tags that
-    pydantic puts into the path of union branches are dropped."""
-    err = max(e.errors(), key=lambda x: len(x["loc"]))
-    parts = [
-        str(x)
-        for x in err["loc"]
-        if not (isinstance(x, str) and (x in _TYPE_TAGS or "[" in x or "-" in x))
-    ]
-    return f"key {'.'.join(parts) or '(top level)'!r}: {err['msg']}"
-
-
-def _duplicates(items: list, what: str) -> None:
-    """Refuse a list with the same entry twice: its runs would share an id."""
-    seen: dict[str, int] = {}
-    for i, x in enumerate(items):
-        key = json.dumps(x, sort_keys=True, default=str)
-        if key in seen:
-            raise MtppError(f"key '{what}.{i}': the same as {what}.{seen[key]}; remove one")
-        seen[key] = i
-
-
-def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
-    """Read and validate an experiment YAML; every problem names the key to fix."""
-    from solver.core.cluster import cluster_from_dict, load_cluster
-    from solver.pipeline.registry import METHODS, check_method_options
-
-    path = Path(path)
-    data = read_yaml(path, "experiment config")
-    if not isinstance(data, dict):
-        raise MtppError(f"{path}: an experiment config is a mapping (graphs, methods, ...)")
-    try:
-        cfg = ExperimentConfig.model_validate(data)
-    except ValidationError as e:
-        raise MtppError(f"{path}: {validation_message(e)}") from None
-    if cfg.address is not None and cfg.backend != "ray":
-        raise MtppError(f"{path}: key 'address': joins a Ray cluster; give it with 'backend: ray'")
-    n = cfg.size()
-    if n > MAX_RUNS:
-        raise MtppError(
-            f"{path}: the cross product has {n:,} runs (graphs x clusters x devices x methods x "
-            f"seeds x repeats); at most {MAX_RUNS:,} are allowed: shrink a list or 'repeats'"
-        )
-    base = path.parent
-    bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
-    try:
-        _duplicates([gs.model_dump(exclude={"name"}) for gs in cfg.graphs], "graphs")
-        _duplicates(list(cfg.clusters), "clusters")
-        _duplicates(list(cfg.devices), "devices")
-        _duplicates(list(cfg.seeds), "seeds")
-        _duplicates([m.label or m.name for m in cfg.pipeline_specs()], "methods")
-    except MtppError as e:
-        raise MtppError(f"{path}: {e}") from None
-    for i, gs in enumerate(cfg.graphs):
-        try:
-            graph_source(gs, base, bench)
-            check_builder_params(gs)
-        except MtppError as e:
-            raise MtppError(f"{path}: key 'graphs.{i}': {e}") from None
-    for i, c in enumerate(cfg.clusters):
-        try:
-            if isinstance(c, dict):
-                cluster_from_dict(c, f"clusters.{i}")
-            elif c != "file":  # 'file': the cluster each graph file states
-                load_cluster(cluster_ref(c, base))
-        except MtppError as e:
-            raise MtppError(f"{path}: key 'clusters.{i}': {e}") from None
-    for i, m in enumerate(cfg.pipeline_specs()):
-        if m.name not in METHODS:
-            raise MtppError(
-                f"{path}: key 'methods.{i}': unknown method {m.name!r}; choose one of "
-                f"{', '.join(METHODS)}"
-            )
-        try:
-            check_method_options(m.name, m.options)
-        except MtppError as e:
-            raise MtppError(f"{path}: key 'methods.{i}.options': {e}") from None
-    if cfg.shard is not None:
-        check_shard(cfg, base, bench, path)
-    if cfg.joint is not None:
-        check_joint(cfg, path)
-    return cfg, base
-
-
-SHARD_SOURCES = ("onnx", "zoo", "generate")  # graphs that are ONNX models
-
-
-def check_shard(cfg: ExperimentConfig, base: Path, bench: Path, path: Path) -> None:
-    """The ``shard:`` key: an ONNX graph to shard, meshes, memory sizes, config files."""
-    from solver.core.units import parse_memory
-
-    sh = cfg.shard
-    if not any(getattr(gs, k) is not None for gs in cfg.graphs for k in SHARD_SOURCES):
-        raise MtppError(
-            f"{path}: key 'shard': shards ONNX models; give a graph with onnx, zoo or generate"
-        )
-    for i, m in enumerate(sh.meshes):
-        mesh_shape(m, f"{path}: key 'shard.meshes.{i}'")
-    for i, m in enumerate(sh.memory):
-        if m is not None:
-            parse_memory(m, f"{path}: key 'shard.memory.{i}'")
-    try:
-        _duplicates([mesh_shape(m, "") for m in sh.meshes], "shard.meshes")
-        _duplicates([_memory_bytes(m) for m in sh.memory], "shard.memory")
-    except MtppError as e:
-        raise MtppError(f"{path}: {e}") from None
-    try:
-        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
-    except MtppError as e:
-        raise MtppError(f"{path}: {e} (a sharding method takes a 'label:')") from None
-    names = [graph_source(gs, base, bench)[0] for gs in cfg.graphs if _is_onnx(gs)]
-    for i, m in enumerate(sh.method_specs()):
-        if m.config is None:
-            continue
-        where = f"{path}: key 'shard.methods.{i}.config'"
-        files = m.config if isinstance(m.config, dict) else {None: m.config}
-        if not files:
-            raise MtppError(f"{where}: name a strategy file, or map graph names to them")
-        for graph, val in files.items():
-            if graph is not None and graph not in names:
-                raise MtppError(
-                    f"{where}: no ONNX graph named {graph!r} in 'graphs'; the graphs to shard "
-                    f"are {', '.join(map(repr, names))}"
-                )
-            try:
-                shard_config(val, base)
-            except MtppError as e:
-                key = where if graph is None else f"{where[:-1]}.{graph}'"
-                raise MtppError(f"{key}: {e}") from None
-
-
-def _is_onnx(gs: GraphSpec) -> bool:
-    return any(getattr(gs, k) is not None for k in SHARD_SOURCES)
-
-
-def method_config(ms: ShardMethodSpec, graph: str, base: Path) -> dict | None:
-    """The run options of sharding method ``ms`` on the graph labelled ``graph``: the
-    strategies of its config file (none without one), None when its config maps graph names
-    to files and does not name this graph (the method does not run on it)."""
-    if ms.config is None:
-        return {}
-    if isinstance(ms.config, dict):
-        if graph not in ms.config:
-            return None
-        return {"config": shard_config(ms.config[graph], base)}
-    return {"config": shard_config(ms.config, base)}
-
-
-def check_joint(cfg: ExperimentConfig, path: Path) -> None:
-    """The ``joint:`` key: an ONNX graph to plan, memory sizes, spaces listed once."""
-    from solver.core.units import parse_memory
-
-    js = cfg.joint
-    if not any(getattr(gs, k) is not None for gs in cfg.graphs for k in SHARD_SOURCES):
-        raise MtppError(
-            f"{path}: key 'joint': plans ONNX models; give a graph with onnx, zoo or generate"
-        )
-    for i, m in enumerate(js.memory):
-        if m is not None:
-            parse_memory(m, f"{path}: key 'joint.memory.{i}'")
-    try:
-        _duplicates([_memory_bytes(m) for m in js.memory], "joint.memory")
-        _duplicates(list(js.spaces), "joint.spaces")
-        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
-    except MtppError as e:
-        raise MtppError(f"{path}: {e}") from None
-
-
-def mesh_shape(mesh: str | int, where: str) -> tuple[int, ...]:
-    """``"2x4"`` (or 8) -> (2, 4) (or (8,)); anything else is refused naming ``where``."""
-    try:
-        shape = tuple(int(x) for x in str(mesh).lower().split("x"))
-    except ValueError:
-        raise MtppError(f"{where}: write a mesh as sizes joined by 'x', e.g. 2x4") from None
-    if any(s < 1 for s in shape) or math.prod(shape) > 1_000_000:
-        raise MtppError(f"{where}: every mesh axis must be >= 1 (at most 1,000,000 devices)")
-    return shape
-
-
-def _memory_bytes(m: str | int | float | None) -> float | None:
-    from solver.core.units import parse_memory
-
-    return None if m is None else parse_memory(m, "memory")
-
-
-def shard_config(val: str, base: Path) -> dict:
-    """A strategy YAML (node name -> strategy), read on the driver so that it is part of the
-    run id and travels with the run to any backend; node names are checked by the run."""
-    data = read_yaml(_find(val, base), "strategy file")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise MtppError(f"{val}: write one 'node name: [[2, 1], [1, 4]]' per line")
-    return {str(k): v for k, v in data.items()}
-
-
-def check_builder_params(gs: GraphSpec) -> None:
-    """Builder parameters of a generated graph: known keys, sensible sizes (before building)."""
-    if gs.generate is not None:
-        from solver.frontends.onnx.modelgen import check_params
-
-        check_params(gs.generate, gs.params)
-    elif gs.layered is not None:
-        for key, value in gs.params.items():
-            if key == "skip":
-                if not 0 <= value <= 1:
-                    raise MtppError(f"layered: params.skip must be in [0, 1], got {value}")
-            elif key in ("width", "seed"):
-                if not isinstance(value, int) or value < (1 if key == "width" else 0):
-                    raise MtppError(f"layered: params.{key} must be a whole number >= 1")
-            else:
-                raise MtppError(f"layered: unknown parameter {key!r}; valid: width, skip, seed")
-    elif gs.params:
-        raise MtppError("params are for generate and layered graphs only")
-
-
-def cluster_ref(c: str, base: Path) -> str:
-    """A cluster entry as load_cluster takes it: a preset name, or a YAML path resolved beside
-    the config first, then in the current folder."""
-    from solver.core.cluster import PRESET_DIR
-
-    if not Path(c).suffix and (PRESET_DIR / f"{c}.yaml").exists():
-        return c
-    return str(base / c) if (base / c).exists() else c
-
-
-def _find(val: str, base: Path) -> Path:
-    for cand in (base / val, Path(val)):
-        if cand.exists():
-            return cand
-    raise MtppError(f"{val}: no such file (looked beside the config and in the current folder)")
-
-
-def graph_source(gs: GraphSpec, base: Path, bench: Path) -> tuple[str, Path | None]:
-    """(label, file) of a graph spec; generated graphs have no file until built."""
-    if gs.dnnpart is not None:
-        p = benchdata.graph_path(gs.dnnpart, bench)
-        if not p.is_file():
-            raise MtppError(
-                f"dnn-partitioning graph {gs.dnnpart!r} not found at {p}; set the benchmark "
-                f"folder with 'benchmark_dir:' in the config or ${benchdata.ENV_VAR}"
-            )
-        return gs.name or gs.dnnpart, p
-    if gs.zoo is not None:
-        import onnx
-
-        p = Path(onnx.__file__).parent / "backend/test/data/light" / f"light_{gs.zoo}.onnx"
-        if not p.exists():
-            raise MtppError(f"zoo model {gs.zoo!r} is not in the onnx wheel (light_{gs.zoo}.onnx)")
-        return gs.name or gs.zoo, p
-    for key in ("onnx", "json_file"):
-        val = getattr(gs, key)
-        if val is not None:
-            return gs.name or Path(val).stem, _find(val, base)
-    if gs.generate is not None:
-        from solver.frontends.onnx.modelgen import BUILDERS
-
-        if gs.generate not in BUILDERS:
-            raise MtppError(
-                f"generate: unknown model {gs.generate!r}; choose one of {', '.join(BUILDERS)}"
-            )
-        label = gs.name or gs.generate + "".join(f"-{k}{v}" for k, v in sorted(gs.params.items()))
-        return label, None
-    label = gs.name or f"layered-{gs.layered}" + "".join(
-        f"-{k}{v}" for k, v in sorted(gs.params.items())
-    )
-    return label, None
-
-
-# ---------------------------------------------------------------------- run ids
-_HASHES: dict[tuple, str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """SHA-1 of a file's content (cached by path, size and modification time)."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        h = hashlib.sha1()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
-
-
-def _digest(data: object, n: int = 16) -> str:
-    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:n]
-
-
-def graph_identity(gs: GraphSpec, path: Path | None) -> dict:
-    """What defines a graph instance: its source (and the file's content), dims, work, params.
-    The display name is not part of it."""
-    ident = {"source": gs.source(), "dims": gs.dims, "work": gs.work, "params": gs.params}
-    if path is not None:
-        ident["content"] = file_digest(path)
-    return ident
-
-
-def cluster_identity(c: str | dict, base: Path) -> tuple[str, dict]:
-    """(display name, identity) of a cluster entry: an inline one by its content, a YAML file
-    by its content, a preset or 'file' by its name."""
-    if isinstance(c, dict):
-        ident = {"inline": c}
-        return str(c.get("name") or f"inline-{_digest(c, 6)}"), ident
-    ref = cluster_ref(c, base)
-    ident = {"name": c}
-    if Path(ref).is_file():
-        ident["content"] = file_digest(Path(ref))
-    return c, ident
-
-
-def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
-    """The cross product of the config as run descriptions with ids that cannot collide."""
-    bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
-    graphs = []
-    for gs in cfg.graphs:
-        label, path = graph_source(gs, base, bench)
-        graphs.append((label, graph_identity(gs, path)))
-    labels = [x[0] for x in graphs]
-    clusters = [cluster_identity(c, base) for c in cfg.clusters]
-    runs = []
-    for gi, (label, g_ident) in enumerate(graphs):
-        if labels.count(label) > 1:  # two graphs shown under one name: tell them apart
-            label = f"{label}#{gi}"
-        g_key = _digest(g_ident)
-        for ci, (c_name, c_ident) in enumerate(clusters):
-            c_key = _digest(c_ident)
-            for k in cfg.devices:
-                for ms in cfg.pipeline_specs():
-                    tl = ms.time_limit or cfg.time_limit
-                    for seed in cfg.seeds:
-                        for rep in range(cfg.repeats):
-                            ident = {
-                                "graph": g_ident,
-                                "cluster": c_ident,
-                                "devices": k,
-                                "method": ms.name,
-                                "options": ms.options,
-                                "time_limit": tl,
-                                "seed": seed,
-                                "repeat": rep,
-                            }
-                            runs.append(
-                                {
-                                    "id": _digest(ident),
-                                    "graph": label,
-                                    "graph_key": g_key,
-                                    "source": g_ident["source"],
-                                    "graph_index": gi,
-                                    "cluster_index": ci,
-                                    "cluster": c_name,
-                                    "cluster_key": c_key,
-                                    "cluster_spec": "inline" if "inline" in c_ident else c_name,
-                                    "devices": k,
-                                    "method": ms.label or ms.name,
-                                    "method_name": ms.name,
-                                    "options": ms.options,
-                                    "time_limit": tl,
-                                    "seed": seed,
-                                    "repeat": rep,
-                                }
-                            )
-    if cfg.shard is not None:
-        runs += _expand_shard(cfg, base, graphs, labels, clusters)
-    if cfg.joint is not None:
-        runs += _expand_joint(cfg, graphs, labels, clusters)
-    return runs
-
-
-def _run_header(
-    kind: str, ident: dict, label: str, g_ident: dict, gi: int, ci: int, c_name: str, c_ident: dict
-) -> dict:
-    """The fields every sharding or joint run record starts with: its id, graph and cluster."""
-    return {
-        "id": _digest(ident),
-        "kind": kind,
-        "graph": label,
-        "graph_key": _digest(g_ident),
-        "source": g_ident["source"],
-        "graph_index": gi,
-        "cluster_index": ci,
-        "cluster": c_name,
-        "cluster_key": _digest(c_ident),
-        "cluster_spec": "inline" if "inline" in c_ident else c_name,
-    }
-
-
-def _expand_shard(cfg, base: Path, graphs: list, labels: list, clusters: list) -> list[dict]:
-    """The sharding runs: ONNX graphs x clusters x meshes x memory limits x methods x seeds."""
-    sh = cfg.shard
-    runs = []
-    for gi, (label, g_ident) in enumerate(graphs):
-        gs = cfg.graphs[gi]
-        if not _is_onnx(gs):
-            continue
-        name = label  # the name a config mapping uses
-        if labels.count(label) > 1:
-            label = f"{label}#{gi}"
-        for ci, (c_name, c_ident) in enumerate(clusters):
-            for mesh in sh.meshes:
-                shape = mesh_shape(mesh, "shard.meshes")
-                for mem in sh.memory:
-                    mem_bytes = _memory_bytes(mem)
-                    for ms in sh.method_specs():
-                        tl = ms.time_limit or cfg.time_limit
-                        options = method_config(ms, name, base)
-                        if options is None:
-                            continue
-                        for seed in cfg.seeds:
-                            ident = {
-                                "kind": "shard",
-                                "graph": g_ident,
-                                "cluster": c_ident,
-                                "mesh": list(shape),
-                                "memory": mem_bytes,
-                                "method": ms.name,
-                                "options": options,
-                                "time_limit": tl,
-                                "seed": seed,
-                            }
-                            runs.append(
-                                {
-                                    **_run_header(
-                                        "shard", ident, label, g_ident, gi, ci, c_name, c_ident
-                                    ),
-                                    "devices": math.prod(shape),
-                                    "mesh": "x".join(map(str, shape)),
-                                    "mesh_shape": list(shape),
-                                    "memory": None if mem is None else str(mem),
-                                    "memory_bytes": mem_bytes,
-                                    "method": ms.as_method().label,
-                                    "method_name": ms.name,
-                                    "options": options,
-                                    "time_limit": tl,
-                                    "seed": seed,
-                                    "repeat": 0,
-                                }
-                            )
-    return runs
-
-
-def _expand_joint(cfg, graphs: list, labels: list, clusters: list) -> list[dict]:
-    """The joint runs: ONNX graphs x clusters x memory limits x spaces x seeds."""
-    js = cfg.joint
-    runs = []
-    for gi, (label, g_ident) in enumerate(graphs):
-        gs = cfg.graphs[gi]
-        if not any(getattr(gs, k) is not None for k in SHARD_SOURCES):
-            continue
-        if labels.count(label) > 1:
-            label = f"{label}#{gi}"
-        for ci, (c_name, c_ident) in enumerate(clusters):
-            for mem in js.memory:
-                mem_bytes = _memory_bytes(mem)
-                for space in js.spaces:
-                    tl = js.time_limit or cfg.time_limit
-                    for seed in cfg.seeds:
-                        ident = {
-                            "kind": "joint",
-                            "graph": g_ident,
-                            "cluster": c_ident,
-                            "memory": mem_bytes,
-                            "space": space,
-                            "time_limit": tl,
-                            "requests": js.requests,
-                            "seed": seed,
-                        }
-                        runs.append(
-                            {
-                                **_run_header(
-                                    "joint", ident, label, g_ident, gi, ci, c_name, c_ident
-                                ),
-                                "devices": None,
-                                "memory": None if mem is None else str(mem),
-                                "memory_bytes": mem_bytes,
-                                "space": space,
-                                "method": joint_label(space),
-                                "method_name": f"joint-{space}",
-                                "options": {},
-                                "requests": js.requests,
-                                "time_limit": tl,
-                                "seed": seed,
-                                "repeat": 0,
-                            }
-                        )
-    return runs
-
-
-# ---------------------------------------------------------------------- one run
-def _materialise(gs: GraphSpec, base: Path, bench: Path, out: Path) -> Path:
-    """The file of a graph spec, building generated models into ``out/models`` once."""
-    label, path = graph_source(gs, base, bench)
-    if path is not None:
-        return path
-    stem = label.replace("/", "_").replace("#", "_") + "-" + _digest(graph_identity(gs, None), 8)
-    target = out / "models" / (stem + (".onnx" if gs.generate else ".json"))
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name("." + target.name + f".{os.getpid()}")
-    try:
-        if gs.generate:
-            from solver.frontends.onnx.modelgen import BUILDERS, save
-
-            model, _ = BUILDERS[gs.generate](**gs.params)
-            save(model, tmp)
-        else:
-            from solver.frontends.native import to_dict
-            from solver.frontends.workloads import layered_dag
-
-            write_json_atomic(tmp, to_dict(layered_dag(int(gs.layered), **gs.params)))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
-
-
-def _execute(
-    desc: dict, gs_data: dict, cluster_spec, base: str, bench: str, out: str, workers: int
-) -> dict:
-    """One run in a local worker process: the graph file (generated models are built into
-    ``out/models`` once), then :func:`solve_run`."""
-    gs = GraphSpec.model_validate(gs_data)
-    t0 = time.perf_counter()
-    try:
-        path = _materialise(gs, Path(base), Path(bench), Path(out))
-    except MtppError as e:
-        return failed(desc, str(e), time.perf_counter() - t0)
-    named = isinstance(cluster_spec, str) and cluster_spec != "file"
-    cluster = cluster_ref(cluster_spec, Path(base)) if named else cluster_spec
-    return solve_run(desc, gs_data, str(path), cluster, workers)
-
-
-def failed(desc: dict, reason: str, wall: float | None = None) -> dict:
-    """The record of a run that failed (an exception, a time-out, a lost worker)."""
-    rec = dict(desc, status=ERROR, error=reason, objective=None, lower_bound=None)
-    rec["wall_seconds"] = wall
-    return rec
-
-
-def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
-    """Load the graph file, solve, evaluate: the run's record, with its plan under ``_plan``
-    for the driver to write. ``cluster`` is an inline mapping, "file" (what the graph file
-    states), a preset name or a cluster YAML path. It runs where the files are (a worker of
-    either backend) and writes nothing."""
-    from solver.core.cluster import cluster_from_dict
-    from solver.frontends import load_graph, resolve_cluster
-    from solver.pipeline.registry import SolveOptions, solve
-
-    if desc.get("kind") == "shard":
-        return solve_shard_run(desc, gs_data, graph, cluster, workers)
-    if desc.get("kind") == "joint":
-        return solve_joint_run(desc, gs_data, graph, cluster, workers)
-    gs = GraphSpec.model_validate(gs_data)
-    t0 = time.perf_counter()
-    rec = dict(desc)
-    try:
-        path = Path(graph)
-        ref = cluster if isinstance(cluster, str) and cluster != "file" else None
-        kw = {}
-        if path.suffix == ".onnx":
-            kw = {"dims": gs.dims, "work": gs.work, "cluster": ref}
-        g = load_graph(path, **kw)
-        if isinstance(cluster, dict):
-            cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
-        else:  # "file": what the graph file states, else the default preset
-            cl = resolve_cluster(g, ref, desc["devices"])
-        opts = SolveOptions(
-            time_limit=desc["time_limit"],
-            workers=workers,
-            seed=desc["seed"],
-            extra=dict(desc["options"]),
-        )
-        plan = solve(g, cl, desc["method_name"], opts)
-        rec.update(nodes=g.n, k=cl.devices, cluster_name=cl.name)
-        if plan is None:
-            rec.update(status=INFEASIBLE, objective=None, lower_bound=None)
-        else:
-            rec["_plan"] = plan.to_dict()
-            rec.update(status=plan.status, objective=plan.objective, lower_bound=plan.lower_bound)
-    except MtppError as e:
-        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
-    rec["wall_seconds"] = time.perf_counter() - t0
-    return rec
-
-
-def solve_shard_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
-    """One sharding run (:func:`solver.spmd.solve.solve_sharding`): its record, with the
-    strategies under ``_plan``. A plan over the memory limit, or none within it, is an ERROR
-    record with the reason."""
-    from solver.core.cluster import cluster_from_dict, load_cluster
-    from solver.spmd.solve import solve_sharding
-
-    gs = GraphSpec.model_validate(gs_data)
-    t0 = time.perf_counter()
-    rec = dict(desc)
-    try:
-        if isinstance(cluster, dict):
-            cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
-        else:  # "file": an ONNX model states no cluster, so the default preset
-            cl = load_cluster(None if cluster == "file" else cluster, desc["devices"])
-        res = solve_sharding(
-            graph,
-            mesh=tuple(desc["mesh_shape"]),
-            method=desc["method_name"],
-            memory=desc["memory_bytes"],
-            config=desc["options"].get("config"),
-            time_limit=desc["time_limit"],
-            cluster=cl,
-            dims=gs.dims,
-            workers=workers,
-            seed=desc["seed"],
-        )
-        rec.update(nodes=len(res.planner.sm.ops), k=cl.devices, cluster_name=cl.name)
-        rec.update(status=res.status, objective=res.objective, lower_bound=res.lower_bound)
-        rec["memory_per_device"] = res.program.memory_per_device
-        rec["_plan"] = {
-            "kind": "shard",
-            "mesh": desc["mesh_shape"],
-            "strategies": {n: [list(d) for d in s] for n, s in res.strategies.items()},
-        }
-    except MtppError as e:
-        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
-    rec["wall_seconds"] = time.perf_counter() - t0
-    return rec
-
-
-def solve_joint_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> dict:
-    """One joint run (:func:`solver.joint.plan_joint` in the run's space) and the joint
-    simulator's period of its plan: its record, with the plan's JSON under ``_plan``. A space
-    where no plan fits the memory limit is an ERROR record with the reason."""
-    from solver.backends.simulate_joint import AGREE, simulate_joint
-    from solver.core.cluster import cluster_from_dict, load_cluster
-    from solver.joint import plan_joint
-    from solver.joint.segment import tensor_bytes
-    from solver.spmd.model import load_model
-
-    gs = GraphSpec.model_validate(gs_data)
-    t0 = time.perf_counter()
-    rec = dict(desc)
-    try:
-        if isinstance(cluster, dict):
-            cl = cluster_from_dict(cluster, "inline cluster")
-        else:  # "file": an ONNX model states no cluster, so the default preset
-            cl = load_cluster(None if cluster == "file" else cluster)
-        sm = load_model(graph, gs.dims)
-        weights = sum(tensor_bytes(sm, t) for t in sm.consts)
-        rec.update(nodes=len(sm.ops), k=cl.devices, cluster_name=cl.name, weight_bytes=weights)
-        plan = plan_joint(
-            sm,
-            cl,
-            memory=desc["memory_bytes"],
-            time_limit=desc["time_limit"],
-            dims=gs.dims,
-            space=desc["space"],
-            workers=workers,
-        )
-        obj = plan.objective
-        rec.update(
-            status=plan.status,
-            objective=obj,
-            lower_bound=plan.lower_bound,
-            gap=plan.gap,
-            bound_space=plan.bound_space,
-            universal_bound=plan.universal_bound,
-            latency=plan.latency,
-            solve_seconds=plan.wall_seconds,
-            stages=[
-                {"devices": list(s.devices), "mesh": "x".join(map(str, s.mesh.shape))}
-                for s in plan.stages
-            ],
-        )
-        rec["_plan"] = plan.to_dict()
-        sim = simulate_joint(plan, sm, requests=desc.get("requests", 20), keep_timeline=0)
-        period = sim.sim.period
-        rec.update(sim_period=period, sim_valid=sim.valid)
-        rec["sim_disagrees"] = bool(abs(period - obj) > AGREE * max(abs(obj), 1e-300))
-    except MtppError as e:
-        rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
-    rec["wall_seconds"] = time.perf_counter() - t0
-    return rec
-
-
-def _ignore_sigint() -> None:
-    """Workers leave Ctrl-C to the parent, which records what finished and stops them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Hold Ctrl-C back while a record is written, so that no record is half written."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Cancel queued runs and end the running ones without waiting for them."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-
-
-# ---------------------------------------------------------------------- the output folder
-def check_output(out: Path, inputs: list[Path], resume: bool) -> None:
-    """Refuse an output folder that is an input, holds one, is the current folder or a parent;
-    a non-empty folder only with --resume, and only if it is an experiment's folder."""
-    check_output_dir(out, inputs, force=True, what="--output")
-    if out.is_dir() and any(out.iterdir()):
-        if not resume:
-            raise MtppError(
-                f"{out}: folder exists and is not empty; pass --resume to continue the "
-                "experiment in it, or choose another --output"
-            )
-        if not (out / "runs").is_dir() and not (out / "results.jsonl").is_file():
-            raise MtppError(
-                f"{out}: not an experiment's results folder (no runs/ or results.jsonl); "
-                "choose another --output"
-            )
-
-
-def load_done(out: Path) -> dict[str, dict]:
-    """The recorded runs (runs/<id>.json); an unreadable record is dropped with a warning, so
-    that its run is done again."""
-    done = {}
-    for p in sorted((out / "runs").glob("*.json")):
-        try:
-            rec = json.loads(p.read_text())
-            if not isinstance(rec, dict) or rec.get("id") != p.stem or "status" not in rec:
-                raise ValueError("not a run record")
-        except (OSError, ValueError) as e:
-            reason = "empty" if p.stat().st_size == 0 else f"{type(e).__name__}"
-            warn(f"{p}: unreadable record ({reason}); that run is done again")
-            continue
-        done[p.stem] = rec
-    return done
-
-
-def repair_log(out: Path, done: dict[str, dict], redo: set[str]) -> None:
-    """Make results.jsonl agree with runs/: drop torn lines (Ctrl-C while appending) and the
-    lines of runs about to be done again, add recorded runs it misses; keep every other line."""
-    log = out / "results.jsonl"
-    kept, seen, torn, dropped = [], set(), 0, 0
-    if log.exists():
-        for line in log.read_text(errors="replace").splitlines():
-            try:
-                rid = json.loads(line)["id"]
-            except (ValueError, KeyError, TypeError):
-                torn += 1
-                continue
-            if rid in redo or rid in seen:
-                dropped += 1
-                continue
-            seen.add(rid)
-            kept.append(line)
-    if torn:
-        warn(f"{log}: dropped {torn} torn line(s); it lists the recorded runs again")
-    missing = [i for i in sorted(done) if i not in seen]
-    if not (torn or dropped or missing):
-        return
-    tmp = log.with_name(".results.jsonl.tmp")
-    with open(tmp, "w") as fh:
-        for line in kept + [json.dumps(done[i]) for i in missing]:
-            fh.write(line + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, log)
-
-
-def _record(out: Path, rec: dict) -> dict:
-    """Write one finished run: its plan (``_plan``, taken out of the record) and runs/<id>.json
-    atomically, then one line of results.jsonl. Returns the record as written."""
-    rec = dict(rec)
-    plan = rec.pop("_plan", None)
-    if plan is not None:
-        write_json_atomic(out / "plans" / f"{rec['id']}.json", plan)
-    write_json_atomic(out / "runs" / f"{rec['id']}.json", rec)
-    with open(out / "results.jsonl", "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    return rec
 
 
 # ---------------------------------------------------------------------- the runner
@@ -1082,8 +98,6 @@ def choose_backend(
                 "--jobs is for the local backend; on Ray each run asks for its CPUs "
                 "(a method's 'cpus:' in the config) and Ray runs as many as fit"
             )
-        from solver.experiments.ray_backend import require_ray
-
         require_ray()
     return name, address
 
@@ -1107,50 +121,28 @@ def run_experiment(
     out = Path(output)
     files = [graph_source(gs, base, bench)[1] for gs in cfg.graphs]
     check_output(out, [Path(config), *[f for f in files if f is not None]], resume)
-    cores = os.cpu_count() or 1
     jobs = 1 if jobs is None else jobs
-    if backend == "local" and jobs > cores:
-        warn(f"--jobs {jobs} is more than the {cores} cores of this machine; runs will be slower")
-    runs = expand(cfg, base)
-    if len(runs) > WARN_RUNS:
-        warn(f"{len(runs):,} runs in this experiment; this may take a long time")
-    from solver.experiments.progress import SweepProgress
-
-    if backend == "ray":
-        from solver.experiments.ray_backend import RaySweep
-
-        session = RaySweep(cfg, base, bench, address)
-    else:
-        session = contextlib.nullcontext()
-    with session:
-        if backend == "ray":
-            session.check_cpus()  # before anything is written
+    runs = _expand_with_warnings(cfg, base, backend, jobs)
+    sweep = RaySweep(cfg, base, bench, address) if backend == "ray" else None
+    with sweep or contextlib.nullcontext():
+        if sweep is not None:
+            sweep.check_cpus()  # before anything is written
         (out / "runs").mkdir(parents=True, exist_ok=True)
         done = load_done(out)
         todo = [r for r in runs if r["id"] not in done]
         repair_log(out, done, {r["id"] for r in todo})
-
-        def finish(r: dict, rec: dict) -> None:
-            """Record one finished run (Ctrl-C held back) and advance the progress bar."""
-            with _sigint_deferred():
-                done[r["id"]] = _record(out, rec)
-            bar.advance(
-                f"{r['graph']} k={rec.get('k')} {r['method']}: {rec['status']}",
-                failed=rec["status"] == ERROR,
-            )
-
-        broken = False
         with SweepProgress(progress, total=len(runs), done=len(runs) - len(todo)) as bar:
-            if backend == "ray":
-                interrupted = session.run(todo, out, finish)
+            finish = _finisher(out, done, bar)
+            if sweep is not None:
+                end = SweepEnd(interrupted=sweep.run(todo, out, finish), broken=False)
             else:
-                interrupted, broken = _run_pool(cfg, base, bench, out, todo, jobs, done, finish)
+                end = run_pool(cfg, base, bench, out, todo, jobs, done, finish)
         records = [_current(done[r["id"]], r) for r in runs if r["id"] in done]
-        with _sigint_deferred():
+        with sigint_deferred():
             write_reports(records, out, cfg.name)
-    if interrupted:
+    if end.interrupted:
         raise ExperimentInterrupted(len(records), len(runs), out)
-    if broken:
+    if end.broken:
         raise MtppError(
             f"a worker process died (killed, or out of memory?); {len(records)} of {len(runs)} "
             f"runs are recorded in {out}; run again with --resume (and fewer --jobs) to continue"
@@ -1158,65 +150,31 @@ def run_experiment(
     return records
 
 
-def _run_pool(
-    cfg: ExperimentConfig,
-    base: Path,
-    bench: Path,
-    out: Path,
-    todo: list[dict],
-    jobs: int,
-    done: dict[str, dict],
-    finish: Callable[[dict, dict], None],
-) -> tuple[bool, bool]:
-    """The local backend: ``todo`` on a pool of ``jobs`` processes; every result goes to
-    ``finish``. Returns (interrupted, a worker died)."""
+def _expand_with_warnings(cfg: ExperimentConfig, base: Path, backend: str, jobs: int) -> list[dict]:
+    """The runs of the config, warning first about more local jobs than cores, then about a
+    very large sweep."""
     cores = os.cpu_count() or 1
-    specs = {m.label or m.name: m for m in cfg.method_specs()}
-    interrupted = broken = False
-    procs = max(1, min(jobs, len(todo)))
-    pool = ProcessPoolExecutor(max_workers=procs, initializer=_ignore_sigint)
-    pending: dict[Future, dict] = {}
+    if backend == "local" and jobs > cores:
+        warn(f"--jobs {jobs} is more than the {cores} cores of this machine; runs will be slower")
+    runs = expand(cfg, base)
+    if len(runs) > WARN_RUNS:
+        warn(f"{len(runs):,} runs in this experiment; this may take a long time")
+    return runs
 
-    def collect(fut: Future, r: dict) -> None:
-        try:
-            rec = fut.result()
-        except BrokenProcessPool:
-            raise  # a worker died (killed, out of memory): no run is to blame for sure
-        except Exception as e:  # a crash in one run must not lose the others
-            rec = failed(r, f"{type(e).__name__}: {e}")
-        finish(r, rec)
 
-    try:
-        for r in todo:
-            gs = cfg.graphs[r["graph_index"]]
-            cl = cfg.clusters[r["cluster_index"]]
-            workers = specs[r["method"]].cpus or max(1, cores // max(1, jobs))
-            args = (r, gs.model_dump(by_alias=True), cl, str(base), str(bench), str(out))
-            pending[pool.submit(_execute, *args, workers)] = r
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                collect(fut, pending[fut])
-                del pending[fut]
-    except KeyboardInterrupt:
-        interrupted = True
-        with _sigint_deferred():
-            for fut in pending:
-                fut.cancel()
-            for fut, r in list(pending.items()):
-                ok = fut.done() and not fut.cancelled() and fut.exception() is None
-                if ok and r["id"] not in done:
-                    collect(fut, r)  # finished while we were interrupted: keep it
-            _stop_pool(pool)
-    except BrokenProcessPool:
-        broken = True
-        _stop_pool(pool)
-    except BaseException:
-        _stop_pool(pool)
-        raise
-    else:
-        pool.shutdown(wait=True)
-    return interrupted, broken
+def _finisher(out: Path, done: dict[str, dict], bar: SweepProgress) -> Callable[[dict, dict], None]:
+    """What a backend calls with each finished run: record it in ``out`` (Ctrl-C held back)
+    and in ``done``, and advance the progress bar."""
+
+    def finish(r: dict, rec: dict) -> None:
+        with sigint_deferred():
+            done[r["id"]] = record(out, rec)
+        bar.advance(
+            f"{r['graph']} k={rec.get('k')} {r['method']}: {rec['status']}",
+            failed=rec["status"] == ERROR,
+        )
+
+    return finish
 
 
 def _current(rec: dict, desc: dict) -> dict:

@@ -7,7 +7,7 @@ cluster. A Ray session already running in this process (a notebook, the tests) i
 Workers may be other machines, so they get no paths: each graph file (with the external data
 of an ONNX model) and each cluster YAML file is read once on the driver and put into Ray's
 object store as bytes; a task writes them into its own temporary folder, runs
-:func:`solver.experiments.driver.solve_run` there and returns the record and the plan. The driver
+:func:`solver.experiments.runs.solve_run` there and returns the record and the plan. The driver
 writes every record and plan (atomically, at once), exactly as with the local backend.
 
 A run that raises, outlives ``TIMEOUT_FACTOR * time_limit + TIMEOUT_GRACE`` seconds, or
@@ -27,6 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from solver.core.errors import MtppError
+from solver.experiments import runs
+from solver.experiments.config import cluster_ref, warn
+from solver.experiments.store import sigint_deferred
+from solver.frontends.onnx.common import external_locations
 
 INSTALL_HINT = 'pip install "mtpp[ray]" (or pip install ".[ray]" in a clone of mtpp)'
 CPSAT_MAX_CPUS = 8  # CP-SAT's default portfolio; more workers rarely help on these models
@@ -83,9 +87,7 @@ def file_bundle(path: Path) -> dict:
 
 def _external_locations(path: Path) -> list[str]:
     """The relative locations of an ONNX model's external data (weights are not read)."""
-    import onnx
-
-    from solver.frontends.onnx.common import external_locations
+    import onnx  # heavy: onnx
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -110,7 +112,7 @@ def run_task(
     fn: Callable, desc: dict, gs_data: dict, graph: dict, cluster, cluster_file, workers: int
 ) -> dict:
     """The body of one Ray task, on a worker: the shipped files into a private temporary
-    folder, ``fn`` (:func:`solver.experiments.driver.solve_run`) on them, the folder removed."""
+    folder, ``fn`` (:func:`solver.experiments.runs.solve_run`) on them, the folder removed."""
     with tempfile.TemporaryDirectory(prefix="mtpp-run-") as tmp:
         path = unpack(graph, Path(tmp) / "graph")
         if cluster_file is not None:
@@ -213,14 +215,12 @@ class RaySweep:
     def _inputs(self, todo: list[dict], out: Path, finish) -> tuple[dict, dict]:
         """Object refs of every graph and cluster file the runs need (read once, on the
         driver). A graph that cannot be built fails its runs here, as on the local backend."""
-        from solver.experiments.driver import _materialise, cluster_ref, failed
-
         ray = require_ray()
         graphs: dict[int, object] = {}
         clusters: dict[int, object] = {}
         for gi in sorted({r["graph_index"] for r in todo}):
             try:
-                path = _materialise(self.cfg.graphs[gi], self.base, self.bench, out)
+                path = runs.materialise(self.cfg.graphs[gi], self.base, self.bench, out)
                 graphs[gi] = ray.put(file_bundle(path))
             except MtppError as e:
                 graphs[gi] = e
@@ -234,19 +234,17 @@ class RaySweep:
                     clusters[ci] = ray.put(file_bundle(Path(ref)))
         for r in todo:
             if isinstance(graphs[r["graph_index"]], MtppError):
-                finish(r, failed(r, str(graphs[r["graph_index"]]), 0.0))
+                finish(r, runs.failed(r, str(graphs[r["graph_index"]]), 0.0))
         return graphs, clusters
 
     def run(self, todo: list[dict], out: Path, finish: Callable[[dict, dict], None]) -> bool:
         """Run ``todo`` as Ray tasks, handing every record to ``finish`` as it arrives.
         Returns True when Ctrl-C stopped the sweep (tasks cancelled, finished ones recorded)."""
-        from solver.experiments import driver as ex
-
         ray = require_ray()
         graphs, clusters = self._inputs(todo, out, finish)
         queue = [r for r in todo if not isinstance(graphs[r["graph_index"]], MtppError)]
         cpus = self.cpus_by_method()
-        fn = ex.solve_run  # looked up now: a test may replace it
+        fn = runs.solve_run  # looked up now: a test may replace it
         task = ray.remote(run_task)
         pending: dict[object, tuple[dict, float]] = {}  # ref -> (run, deadline)
         stopping: dict[object, dict] = {}  # timed-out tasks, cancelled until they report back
@@ -261,7 +259,7 @@ class RaySweep:
                 r = queue.pop(0)
                 gs = self.cfg.graphs[r["graph_index"]]
                 c = self.cfg.clusters[r["cluster_index"]]
-                spec = c if isinstance(c, dict) or c == "file" else ex.cluster_ref(c, self.base)
+                spec = c if isinstance(c, dict) or c == "file" else cluster_ref(c, self.base)
                 n = cpus[r["method"]]
                 ref = task.options(num_cpus=n, max_retries=TASK_RETRIES).remote(
                     fn,
@@ -283,7 +281,7 @@ class RaySweep:
             try:
                 rec = ray.get(ref)
             except Exception as e:  # the run raised, or Ray lost its worker
-                rec = ex.failed(r, _reason(e))
+                rec = runs.failed(r, _reason(e))
             del pending[ref]
             finish(r, rec)
 
@@ -298,12 +296,12 @@ class RaySweep:
                         del pending[ref]
                         stopping[ref] = r
                         limit = TIMEOUT_FACTOR * r["time_limit"] + TIMEOUT_GRACE
-                        finish(r, ex.failed(r, f"timed out: stopped after {limit:g} s", limit))
+                        finish(r, runs.failed(r, f"timed out: stopped after {limit:g} s", limit))
                 self._stop(stopping)
                 submit()
             self._cancel(stopping)
         except KeyboardInterrupt:
-            with ex._sigint_deferred():
+            with sigint_deferred():
                 refs = list(pending)
                 ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
                 for ref in ready:  # finished while we were interrupted: keep them
@@ -344,7 +342,5 @@ class RaySweep:
                     ray.cancel(ref, force=True)
             ready, refs = ray.wait(refs, num_returns=len(refs), timeout=0.5)
             if refs and time.monotonic() > deadline:
-                from solver.experiments.driver import warn
-
                 warn(f"{len(refs)} Ray task(s) did not stop when cancelled; they run to the end")
                 return
