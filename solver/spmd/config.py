@@ -8,55 +8,31 @@ attribute of that name, which the loader moves into ``metadata_props`` before ch
 
 from __future__ import annotations
 
-import ast
 import difflib
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from solver.core.errors import MtppError
 from solver.core.files import read_yaml
+from solver.spmd.model import ShardModel
+from solver.spmd.strategy import (  # re-exported: config is where callers have read them
+    ATTRIBUTE,
+    Strategy,
+    attributes_to_metadata,
+    fmt_strategy,
+    parse_strategy,
+)
 
-if TYPE_CHECKING:  # annotations only: the model module imports this one to read annotations
-    from solver.spmd.model import ShardModel
-
-ATTRIBUTE = "mtpp_strategy"
-Strategy = tuple[tuple[int, ...], ...]
-
-
-def parse_strategy(value: object, where: str) -> Strategy:
-    """``[[2, 1], [1, 4]]`` (list, tuple, or their text) -> ``((2, 1), (1, 4))``.
-
-    The seed's notation is accepted: ``((2, 4))`` (Python reads a flat tuple) is one input's
-    splits, ``((4))`` one rank-1 input.
-    """
-    if isinstance(value, (bytes, str)):
-        text = value.decode() if isinstance(value, bytes) else value
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            raise MtppError(f"{where}: {text!r} is not a strategy like [[2, 1], [1, 4]]") from None
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [[value]]  # the seed's ((4)) of one rank-1 input
-    if (
-        isinstance(value, (list, tuple))
-        and value
-        and all(isinstance(n, int) and not isinstance(n, bool) for n in value)
-    ):
-        value = [value]  # the seed's ((2, 4)) of one input reads as a flat tuple
-    if not isinstance(value, (list, tuple)):
-        raise MtppError(f"{where}: a strategy is a list of lists like [[2, 1], [1, 4]]")
-    out = []
-    for item in value:
-        if isinstance(item, int) and not isinstance(item, bool):
-            item = (item,)
-        if not isinstance(item, (list, tuple)) or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in item
-        ):
-            raise MtppError(f"{where}: each input's split must be a list of integers, got {item!r}")
-        if any(n < 1 for n in item):
-            raise MtppError(f"{where}: splits must be >= 1, got {list(item)}")
-        out.append(tuple(int(n) for n in item))
-    return tuple(out)
+__all__ = [
+    "ATTRIBUTE",
+    "Strategy",
+    "annotate",
+    "attributes_to_metadata",
+    "dump_yaml",
+    "from_attributes",
+    "parse_strategy",
+    "read_config",
+]
 
 
 def _node(sm: ShardModel, name: str, where: str):
@@ -92,23 +68,8 @@ def from_attributes(sm: ShardModel) -> dict[str, Strategy]:
     return out
 
 
-def attributes_to_metadata(model) -> None:
-    """Move string attributes ``mtpp_strategy`` into the node's ``metadata_props``."""
-    from onnx import helper
-
-    for node in model.graph.node:
-        for a in list(node.attribute):
-            if a.name == ATTRIBUTE:
-                val = helper.get_attribute_value(a)
-                e = node.metadata_props.add()
-                e.key, e.value = ATTRIBUTE, val.decode() if isinstance(val, bytes) else str(val)
-                node.attribute.remove(a)
-
-
 def annotate(model, strategies: dict[str, Strategy], names: dict[str, int]) -> None:
     """Write each node's strategy into its ``metadata_props`` (``names``: node name -> index)."""
-    from solver.spmd.program import fmt_strategy
-
     for name, s in strategies.items():
         node = model.graph.node[names[name]]
         for e in list(node.metadata_props):
@@ -120,8 +81,6 @@ def annotate(model, strategies: dict[str, Strategy], names: dict[str, int]) -> N
 
 def dump_yaml(strategies: dict[str, Strategy]) -> str:
     """One ``"name": [[2, 1], [1, 4]]`` line per node, in the given order."""
-    import json
-
     lines = ["# mtpp shard strategies: node name -> one split list per data input"]
     for name, s in strategies.items():
         lines.append(f"{json.dumps(name)}: {json.dumps([list(x) for x in s])}")

@@ -21,7 +21,7 @@ from solver.frontends.onnx.common import CONTROL_FLOW, SHAPE_INPUTS, external_in
 from solver.frontends.onnx.fold import fold_values
 from solver.frontends.onnx.load import load_proto
 from solver.frontends.onnx.shapes import StaticModel, static_model, with_run
-from solver.spmd.config import attributes_to_metadata
+from solver.spmd.strategy import attributes_to_metadata
 
 
 @dataclass

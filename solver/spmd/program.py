@@ -26,7 +26,18 @@ import numpy as np
 from solver.spmd.mesh import Layout, Mesh, canonical
 from solver.spmd.model import ShardModel
 from solver.spmd.redistribute import Redistribution, local_bytes, plan_redistribution
-from solver.spmd.rules import OpSharding, Spec, Strategy, candidates, op_spec, shard
+from solver.spmd.rules import (
+    OpSharding,
+    Spec,
+    StrategyError,
+    candidates,
+    op_spec,
+    shard,
+    strategy_of,
+)
+from solver.spmd.strategy import Strategy, fmt_strategy
+
+__all__ = ["Planner", "Program", "evaluate", "fmt_strategy"]
 
 
 class Planner:
@@ -90,8 +101,6 @@ class Planner:
         i = self.signature[i]
         if i not in self._cands:
             out = []
-            from solver.spmd.rules import StrategyError, strategy_of
-
             first = next(j for j, s in enumerate(self.signature) if s == i)
             spec = self.specs[first]
             for splits in candidates(spec, self.devices):
@@ -281,11 +290,3 @@ def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, fl
         for t in [t for t in live if last.get(t, -1) <= v]:
             del live[t]
     return weights, peak
-
-
-def fmt_strategy(s: Strategy) -> str:
-    """The seed's notation: ``((2, 4), (4))``. One rank-0 input is ``((),)``: ``(())`` would
-    read back as no input at all."""
-    if len(s) == 1 and not s[0]:
-        return "((),)"
-    return "(" + ", ".join("(" + ", ".join(map(str, x)) + ")" for x in s) + ")"

@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 
 from solver.core.errors import MtppError
+from solver.frontends.onnx.flops import node_flops
 from solver.spmd.mesh import Layout
 from solver.spmd.model import Op, ShardModel
-
-Strategy = tuple[tuple[int, ...], ...]
+from solver.spmd.strategy import Strategy
 
 
 class StrategyError(MtppError):
@@ -413,8 +413,6 @@ def strategy_of(spec: Spec, splits: tuple[int, ...]) -> Strategy:
 
 def shard(op: Op, sm: ShardModel, spec: Spec, strategy: Strategy, devices: int) -> OpSharding:
     """Apply a strategy: device matrix, input and output layouts, local FLOPs."""
-    from solver.frontends.onnx.flops import node_flops
-
     splits = loops_of(spec, strategy, op, devices)
     rep = devices // math.prod(splits)
     dm = (*splits, rep) if rep > 1 else splits
