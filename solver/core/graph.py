@@ -19,6 +19,7 @@ networkx is used only where an algorithm needs it (cycle reporting, strong compo
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -112,74 +113,18 @@ class Graph:
         >>> g.n, g.m, g.act.tolist()
         (2, 1, [8.0, 12.0])
         """
-        names = tuple(str(x) for x in names)
+        names = _node_names(names)
         n = len(names)
-        if n == 0:
-            raise MtppError("the graph has no nodes")
-        if len(set(names)) != n:
-            seen: set[str] = set()
-            dup = next(x for x in names if x in seen or seen.add(x))
-            raise MtppError(f"node name {dup!r} appears more than once; node names must be unique")
         work_a = _costs(work, n, names, "work")
         size_a = _costs(sizeout, n, names, "sizeout")
-        try:
-            e = np.asarray(edges if isinstance(edges, np.ndarray) else list(edges), np.int64)
-            e = e.reshape(-1, 2)
-        except (TypeError, ValueError, OverflowError):
-            raise MtppError("edges must be pairs of node indices") from None
-        if len(e) and (e.min() < 0 or e.max() >= n):
-            bad = e[(e < 0).any(1) | (e >= n).any(1)][0]
-            raise MtppError(f"edge {tuple(bad.tolist())} refers to a node index outside 0..{n - 1}")
-        loops = e[:, 0] == e[:, 1]
-        if loops.any():
-            raise MtppError(f"edge from node {names[e[loops][0, 0]]!r} to itself (self-loop)")
-        ordm = np.ones(len(e), bool) if ordered is None else np.asarray(ordered, dtype=bool)
-        if len(ordm) != len(e):
-            raise MtppError("the 'ordered' flags must match the edges one to one")
-        src, dst = _unique_pairs(e[:, 0], e[:, 1])
-        t_ptr, t_cons = _csr(src, dst, n)
-        osrc, odst = _unique_pairs(e[ordm, 0], e[ordm, 1])
-
+        e = _edge_arrays(edges, ordered, n, names)
+        t_ptr, t_cons = _csr(e.src, e.dst, n)
         if act is None:
             act_a = size_a.copy()
-            np.add.at(act_a, dst, size_a[src])
+            np.add.at(act_a, e.dst, size_a[e.src])
         else:
             act_a = _costs(act, n, names, "act")
-
-        p_names, p_size, p_rows, p_cols = [], [], [], []
-        for j, (pname, pbytes, users) in enumerate(params):
-            try:
-                b = float(pbytes) if not isinstance(pbytes, (bool, str)) else math.nan
-            except (TypeError, ValueError, OverflowError):
-                b = math.nan
-            if not np.isfinite(b) or b < 0:
-                raise MtppError(
-                    f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}"
-                )
-            if b > MAX_AMOUNT:
-                raise MtppError(
-                    f"parameter {pname!r}: bytes must be at most {MAX_AMOUNT:g}, got {b:g}"
-                )
-            try:
-                us = np.unique(np.asarray(list(users), dtype=np.int64))
-            except (TypeError, ValueError, OverflowError):
-                raise MtppError(f"parameter {pname!r}: users must be node indices") from None
-            if len(us) == 0:
-                raise MtppError(f"parameter {pname!r} has no user node")
-            if us.min() < 0 or us.max() >= n:
-                raise MtppError(f"parameter {pname!r} names a user node index outside 0..{n - 1}")
-            p_names.append(str(pname))
-            p_size.append(b)
-            p_rows.append(np.full(len(us), j))
-            p_cols.append(us)
-        np_ = len(p_names)
-        p_ptr, p_users = _csr(
-            np.concatenate(p_rows) if p_rows else np.zeros(0, np.int64),
-            np.concatenate(p_cols) if p_cols else np.zeros(0, np.int64),
-            np_,
-        )
-        group = _groups(colocate, n, names)
-
+        p = _param_arrays(params, n)
         g = cls(
             names=names,
             work=work_a,
@@ -188,13 +133,13 @@ class Graph:
             t_size=size_a,
             t_ptr=t_ptr,
             t_cons=t_cons,
-            e_src=osrc,
-            e_dst=odst,
-            p_names=tuple(p_names),
-            p_size=np.asarray(p_size, dtype=np.float64),
-            p_ptr=p_ptr,
-            p_users=p_users,
-            group=group,
+            e_src=e.order_src,
+            e_dst=e.order_dst,
+            p_names=p.names,
+            p_size=p.size,
+            p_ptr=p.ptr,
+            p_users=p.users,
+            group=_groups(colocate, n, names),
             name=name,
             flops=None if flops is None else _costs(flops, n, names, "flops"),
             op_types=None if op_types is None else tuple(op_types),
@@ -282,8 +227,6 @@ class Graph:
     @cached_property
     def topo_order(self) -> IntArray:
         """A topological order of the order edges (Kahn, smallest index first among ties)."""
-        import heapq
-
         ptr, idx = self.succ
         indeg = np.bincount(self.e_dst, minlength=self.n)
         ready = [int(v) for v in np.flatnonzero(indeg == 0)]
@@ -304,7 +247,7 @@ class Graph:
         return np.asarray(out, dtype=np.int64)
 
     def _cycle_message(self) -> str:
-        import networkx as nx
+        import networkx as nx  # heavy: networkx (about 0.8 s to import)
 
         cyc = nx.find_cycle(self.to_networkx())
         path = " -> ".join(self.names[u] for u, _ in cyc[:6])
@@ -320,7 +263,7 @@ class Graph:
 
     def to_networkx(self):
         """The order edges as a networkx DiGraph on node indices (for algorithms that need it)."""
-        import networkx as nx
+        import networkx as nx  # heavy: networkx (about 0.8 s to import)
 
         d = nx.DiGraph()
         d.add_nodes_from(range(self.n))
@@ -345,6 +288,103 @@ class Graph:
     def with_work(self, work: np.ndarray) -> Graph:
         """The same graph with other per-node work (e.g. roofline times for another cluster)."""
         return replace(self, work=_costs(work, self.n, self.names, "work"))
+
+
+def _node_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The node names as strings; refuses an empty graph and a name given twice."""
+    names = tuple(str(x) for x in names)
+    if not names:
+        raise MtppError("the graph has no nodes")
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        dup = next(x for x in names if x in seen or seen.add(x))
+        raise MtppError(f"node name {dup!r} appears more than once; node names must be unique")
+    return names
+
+
+@dataclass(frozen=True)
+class _EdgeArrays:
+    """Distinct data edges (``src``, ``dst``) and the distinct order edges among them."""
+
+    src: IntArray
+    dst: IntArray
+    order_src: IntArray
+    order_dst: IntArray
+
+
+def _edge_arrays(edges, ordered, n: int, names: Sequence[str]) -> _EdgeArrays:
+    """Check the edges (node indices, no self-loop, one ``ordered`` flag each; default: all
+    order the blocks) and return them without duplicates."""
+    try:
+        e = np.asarray(edges if isinstance(edges, np.ndarray) else list(edges), np.int64)
+        e = e.reshape(-1, 2)
+    except (TypeError, ValueError, OverflowError):
+        raise MtppError("edges must be pairs of node indices") from None
+    if len(e) and (e.min() < 0 or e.max() >= n):
+        bad = e[(e < 0).any(1) | (e >= n).any(1)][0]
+        raise MtppError(f"edge {tuple(bad.tolist())} refers to a node index outside 0..{n - 1}")
+    loops = e[:, 0] == e[:, 1]
+    if loops.any():
+        raise MtppError(f"edge from node {names[e[loops][0, 0]]!r} to itself (self-loop)")
+    ordm = np.ones(len(e), bool) if ordered is None else np.asarray(ordered, dtype=bool)
+    if len(ordm) != len(e):
+        raise MtppError("the 'ordered' flags must match the edges one to one")
+    src, dst = _unique_pairs(e[:, 0], e[:, 1])
+    osrc, odst = _unique_pairs(e[ordm, 0], e[ordm, 1])
+    return _EdgeArrays(src, dst, osrc, odst)
+
+
+@dataclass(frozen=True)
+class _ParamArrays:
+    """Parameter entities: names, bytes, and their users in CSR form (``ptr``, ``users``)."""
+
+    names: tuple[str, ...]
+    size: FloatArray
+    ptr: IntArray
+    users: IntArray
+
+
+def _param_arrays(params: Iterable[tuple[str, float, Sequence[int]]], n: int) -> _ParamArrays:
+    """Check every ``(name, bytes, user node indices)`` and store them as arrays."""
+    p_names, p_size, p_rows, p_cols = [], [], [], []
+    for j, (pname, pbytes, users) in enumerate(params):
+        p_size.append(_param_bytes(pname, pbytes))
+        us = _param_users(pname, users, n)
+        p_names.append(str(pname))
+        p_rows.append(np.full(len(us), j))
+        p_cols.append(us)
+    ptr, users = _csr(
+        np.concatenate(p_rows) if p_rows else np.zeros(0, np.int64),
+        np.concatenate(p_cols) if p_cols else np.zeros(0, np.int64),
+        len(p_names),
+    )
+    return _ParamArrays(tuple(p_names), np.asarray(p_size, dtype=np.float64), ptr, users)
+
+
+def _param_bytes(pname: str, pbytes: object) -> float:
+    """A parameter's bytes: finite, >= 0 and at most MAX_AMOUNT."""
+    try:
+        b = float(pbytes) if not isinstance(pbytes, (bool, str)) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        b = math.nan
+    if not np.isfinite(b) or b < 0:
+        raise MtppError(f"parameter {pname!r}: bytes must be finite and >= 0, got {pbytes!r}")
+    if b > MAX_AMOUNT:
+        raise MtppError(f"parameter {pname!r}: bytes must be at most {MAX_AMOUNT:g}, got {b:g}")
+    return b
+
+
+def _param_users(pname: str, users: Iterable[int], n: int) -> IntArray:
+    """A parameter's distinct user nodes: at least one, each an index in 0..n-1."""
+    try:
+        us = np.unique(np.asarray(list(users), dtype=np.int64))
+    except (TypeError, ValueError, OverflowError):
+        raise MtppError(f"parameter {pname!r}: users must be node indices") from None
+    if len(us) == 0:
+        raise MtppError(f"parameter {pname!r} has no user node")
+    if us.min() < 0 or us.max() >= n:
+        raise MtppError(f"parameter {pname!r} names a user node index outside 0..{n - 1}")
+    return us
 
 
 def _reach(csr: tuple[IntArray, IntArray], v: int, n: int) -> IntArray:
@@ -476,7 +516,7 @@ def coarsen_labels(g: Graph) -> np.ndarray:
     must share that block too (the block order is a total order). The result labels are
     numbered in a topological order of the (acyclic) quotient.
     """
-    import networkx as nx
+    import networkx as nx  # heavy: networkx (about 0.8 s to import)
 
     lab = np.arange(g.n, dtype=np.int64)
     for members in g.groups:

@@ -8,6 +8,8 @@ from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import check_regular_file, parse_json, read_text
 from solver.core.graph import Graph
+from solver.frontends import dnnpart, native
+from solver.frontends.onnx.reader import load_onnx
 
 GRAPH_FORMATS = "an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON"
 
@@ -22,8 +24,6 @@ def load_graph(path: str | Path, **onnx_options) -> Graph:
         raise MtppError(f"{path}: no such file")
     if path.suffix.lower() == ".onnx":
         check_regular_file(path, "model file")  # no size limit: weights may be large
-        from solver.frontends.onnx.reader import load_onnx
-
         return load_onnx(path, **onnx_options)
     text = read_text(path, "graph file")
     try:
@@ -36,8 +36,6 @@ def load_graph(path: str | Path, **onnx_options) -> Graph:
                 f"{GRAPH_FORMATS}"
             ) from None
         raise
-    from solver.frontends import dnnpart, native
-
     if native.looks_like(data):
         return native.from_dict(data, str(path))
     if dnnpart.looks_like(data):

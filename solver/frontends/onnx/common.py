@@ -55,7 +55,7 @@ SHAPE_INPUTS = {
 def dtype_bytes(elem_type: int) -> float:
     """Bytes per element of an ONNX tensor element type (4-bit types count 0.5)."""
     if not _DTYPE_BYTES:
-        from onnx import TensorProto, helper
+        from onnx import TensorProto, helper  # heavy: onnx
 
         for name, code in TensorProto.DataType.items():
             if code == 0:
@@ -98,7 +98,7 @@ def node_names(model) -> list[str]:
 
 def subgraphs(node) -> Iterator:
     """The body graphs held in a node's attributes (If branches, Loop and Scan bodies)."""
-    from onnx import AttributeProto
+    from onnx import AttributeProto  # heavy: onnx
 
     for a in node.attribute:
         if a.type == AttributeProto.GRAPH:
@@ -132,7 +132,7 @@ def subgraph_inputs(node) -> list[str]:
 def node_tensors(node) -> Iterator:
     """TensorProtos stored in a node's attributes (a Constant's value, sparse values included),
     not descending into subgraphs."""
-    from onnx import AttributeProto
+    from onnx import AttributeProto  # heavy: onnx
 
     for a in node.attribute:
         if a.type == AttributeProto.TENSOR:
@@ -174,7 +174,7 @@ def model_tensors(model) -> Iterator:
 def external_locations(model) -> list[str]:
     """The distinct ``location`` of every tensor ``model`` keeps in external data, in order of
     first use (from the protos: the weights are not read)."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     locs: dict[str, None] = {}
     for t in model_tensors(model):

@@ -27,8 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from onnx import helper
-
 Shape = Sequence[int]
 
 
@@ -209,6 +207,8 @@ ZERO = {
 
 
 def _attr(node, name: str, default=None):
+    from onnx import helper  # heavy: onnx (the front end's other modules load it on use too)
+
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)

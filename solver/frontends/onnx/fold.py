@@ -115,7 +115,7 @@ def _shaped(shape) -> np.ndarray:
 
 def _stored_weight(t, policy: FoldPolicy) -> bool:
     """A tensor attribute the pass must not read: external data, or over the policy's limit."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     if t.data_location == TensorProto.EXTERNAL:
         return True
@@ -169,7 +169,7 @@ def fold_nodes(nodes, shapes, values: dict, policy: FoldPolicy) -> Folded:
 def fold_constants(light, shapes):
     """Evaluate small nodes of the light copy whose inputs are known values (Shape/Size of
     known shapes included) and replace them by initializers; None when nothing new folds."""
-    import onnx
+    import onnx  # heavy: onnx
     from onnx import numpy_helper
 
     g = light.graph
@@ -201,7 +201,7 @@ def run_node(node, inputs: list) -> list[np.ndarray] | None:
     """One ONNX node evaluated with onnx's reference implementation on ``inputs`` (by input
     position, None for an absent one); None when the evaluator cannot run it. Evaluators are
     cached by operator and attributes, so the same op in every layer is built once."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # heavy: onnx
     from onnx.reference import ReferenceEvaluator
 
     value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)

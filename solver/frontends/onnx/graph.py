@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -60,6 +60,86 @@ def _reads(node) -> list[str]:
     return ins
 
 
+class _Tensors:
+    """What the build knows of each tensor: its shape and element type (``shapes``) and the
+    view aliases (a view's output -> the tensor it aliases)."""
+
+    def __init__(self, shapes) -> None:
+        self.shapes = shapes
+        self.alias: dict[str, str] = {}
+
+    def real(self, t: str) -> str:
+        """The tensor ``t`` stands for once views are looked through."""
+        while t in self.alias:
+            t = self.alias[t]
+        return t
+
+    def shape(self, t: str):
+        return self.shapes.get(t, (None, 0))[0]
+
+    def known(self, t: str) -> bool:
+        return self.shape(t) is not None
+
+    def nbytes(self, t: str) -> float:
+        shape, et = self.shapes.get(t, (None, 1))
+        return 0.0 if shape is None else numel(shape) * dtype_bytes(et)
+
+
+@dataclass
+class _Nodes:
+    """Stage 1: every ONNX node classified as static (folded away), a view (aliased) or a cost
+    node; cost nodes are numbered, model inputs first (``input:NAME``)."""
+
+    graph_inputs: list[str]
+    static: set[str]  # tensors computed from stored constants (or from known shapes) only
+    # the stored constants each static tensor is computed from (a transposed tied weight is
+    # the weight itself); Shape/Size outputs derive from shapes only and have no roots
+    roots: dict[str, frozenset[str]]
+    cost_names: list[str]
+    op_types: list[str]
+    producer: dict[str, int]  # tensor -> the cost node that makes it
+    node_of_cost: list[int]  # cost node -> its ONNX node (-1: a model input)
+    members: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    control: list[str] = field(default_factory=list)
+    pending_static: list[int] = field(default_factory=list)  # attached to a consumer later
+    missing: list[str] = field(default_factory=list)  # tensors without a known shape
+
+    @property
+    def n(self) -> int:
+        return len(self.cost_names)
+
+    def cost_range(self) -> range:
+        """The cost nodes made from ONNX nodes (model inputs excluded)."""
+        return range(len(self.graph_inputs), self.n)
+
+
+@dataclass
+class _Costs:
+    """Stage 2: per cost node FLOPs and bytes, the edges, and one tensor per used output."""
+
+    flops: np.ndarray
+    int_flops: np.ndarray  # the part of flops done on integers (quantized matrix operators)
+    out_bytes: np.ndarray
+    act: np.ndarray
+    moved: np.ndarray
+    edges: list[tuple[int, int]] = field(default_factory=list)
+    tensor_of: dict[str, int] = field(default_factory=dict)
+    t_prod: list[int] = field(default_factory=list)
+    t_size: list[float] = field(default_factory=list)
+    pairs: list[tuple[int, int]] = field(default_factory=list)  # (tensor, consumer)
+    param_users: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    unknown_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    @classmethod
+    def empty(cls, n: int) -> _Costs:
+        return cls(*(np.zeros(n) for _ in range(5)))
+
+    def new_tensor(self, t: str, idx: int, size: float) -> None:
+        self.tensor_of[t] = len(self.t_prod)
+        self.t_prod.append(idx)
+        self.t_size.append(size)
+
+
 def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     """Fold the ONNX graph into a :class:`Graph` (see the module docstring).
 
@@ -70,59 +150,48 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     read = {o.name for o in g.output}
     for node in g.node:
         read.update(_reads(node))
+    tensors = _Tensors(shapes)
+    nodes = _classify_nodes(g, onnx_names, read, tensors)
+    _check_shapes(g, nodes, read, tensors)
+    costs = _tensors_and_edges(g, nodes, read, tensors)
+    _attach_static(g, nodes, costs.param_users, onnx_names)
+    params = _parameters(model, nodes, costs, tensors)
+    graph = Graph.build(
+        nodes.cost_names,
+        work_times(work, costs.flops, costs.moved, cluster, costs.int_flops),
+        costs.out_bytes,
+        np.asarray(costs.edges, dtype=np.int64).reshape(-1, 2),
+        params=params,
+        act=costs.act,
+        name=name,
+        flops=costs.flops,
+        op_types=nodes.op_types,
+        hints=_hints(g, nodes, costs, onnx_names, tensors, work),
+    )
+    return with_tensors(graph, np.asarray(costs.t_prod), np.asarray(costs.t_size), costs.pairs)
+
+
+def _classify_nodes(g, onnx_names: list[str], read: set[str], tensors: _Tensors) -> _Nodes:
+    """Stage 1: classify every ONNX node (in order) as static, a view, or a cost node."""
     inits = [t.name for t in g.initializer] + [s.values.name for s in g.sparse_initializer]
     graph_inputs = [i.name for i in g.input if i.name not in set(inits)]
-    static: set[str] = set(inits)
-    # the stored constants each static tensor is computed from (a transposed tied weight is
-    # the weight itself); Shape/Size outputs derive from shapes only and have no roots
-    roots: dict[str, frozenset[str]] = {t: frozenset([t]) for t in inits}
-    alias: dict[str, str] = {}  # view output -> tensor it aliases
-
-    def real(t: str) -> str:
-        while t in alias:
-            t = alias[t]
-        return t
-
-    def known(t: str) -> bool:
-        return shapes.get(t, (None, 0))[0] is not None
-
-    def nbytes(t: str) -> float:
-        shape, et = shapes.get(t, (None, 1))
-        return 0.0 if shape is None else numel(shape) * dtype_bytes(et)
-
-    # ---- 1. classify every ONNX node: static, view, or a cost node
-    cost_names: list[str] = [f"input:{x}" for x in graph_inputs]
-    op_types: list[str] = ["Input"] * len(graph_inputs)
-    producer: dict[str, int] = {x: i for i, x in enumerate(graph_inputs)}
-    members: dict[int, list[str]] = defaultdict(list)
-    node_of_cost: list[int] = [-1] * len(graph_inputs)
-    control: list[str] = []
-    pending_static: list[int] = []  # static ONNX nodes, attached to a consumer later
-    missing: list[str] = []
-
+    nodes = _Nodes(
+        graph_inputs,
+        static=set(inits),
+        roots={t: frozenset([t]) for t in inits},
+        cost_names=[f"input:{x}" for x in graph_inputs],
+        op_types=["Input"] * len(graph_inputs),
+        producer={x: i for i, x in enumerate(graph_inputs)},
+        node_of_cost=[-1] * len(graph_inputs),
+    )
     for i, node in enumerate(g.node):
         ins = [x for x in _reads(node) if x]
-        op = node.op_type
-        is_static = op == "Constant" or (
-            op not in CONTROL_FLOW and not op.startswith("Random") and all(x in static for x in ins)
-        )
-        if op in ("Shape", "Size") and ins and known(real(ins[0])):
-            is_static = True
-        if is_static:
-            outs_i = [o for o in node.output if o]
-            static.update(outs_i)
-            if op in ("Constant", "ConstantOfShape"):  # stored data: the node is the weight
-                src = frozenset(outs_i)
-            elif op in ("Shape", "Size"):
-                src = frozenset()
-            else:
-                src = frozenset().union(*(roots.get(x, frozenset()) for x in ins))
-            for o in outs_i:
-                roots[o] = src
-            pending_static.append(i)
+        if _is_static(node, ins, nodes.static, tensors):
+            _add_static(nodes, i, node, ins)
             continue
+        op = node.op_type
         data_ins = [x for j, x in enumerate(node.input) if x and j not in SHAPE_INPUTS.get(op, ())]
-        data_ins = [x for x in data_ins if x not in static]
+        data_ins = [x for x in data_ins if x not in nodes.static]
         used_outs = [o for o in node.output if o in read]
         if (
             op in VIEW_OPS
@@ -130,165 +199,206 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
             and len(used_outs) >= 1
             and (op != "Dropout" or len(used_outs) == 1)
         ):
-            alias[used_outs[0]] = data_ins[0]
-            src = real(data_ins[0])
-            if src in producer:
-                members[producer[src]].append(onnx_names[i])
+            tensors.alias[used_outs[0]] = data_ins[0]
+            src = tensors.real(data_ins[0])
+            if src in nodes.producer:
+                nodes.members[nodes.producer[src]].append(onnx_names[i])
             continue
-        for o in used_outs:
-            if not known(o):
-                missing.append(f"{o} (output of {op} {onnx_names[i]!r})")
-        idx = len(cost_names)
-        cost_names.append(onnx_names[i])
-        op_types.append(op)
-        node_of_cost.append(i)
-        members[idx].append(onnx_names[i])
-        for o in used_outs:
-            producer[o] = idx
-        if op in CONTROL_FLOW:
-            control.append(onnx_names[i])
-    for x in graph_inputs:
-        if x in read and not known(x):
+        _add_cost_node(nodes, i, node, onnx_names[i], used_outs, tensors)
+    return nodes
+
+
+def _is_static(node, ins: list[str], static: set[str], tensors: _Tensors) -> bool:
+    """Whether ``node`` computes from stored constants (or known shapes) only."""
+    op = node.op_type
+    if op == "Constant":
+        return True
+    if op not in CONTROL_FLOW and not op.startswith("Random") and all(x in static for x in ins):
+        return True
+    return op in ("Shape", "Size") and bool(ins) and tensors.known(tensors.real(ins[0]))
+
+
+def _add_static(nodes: _Nodes, i: int, node, ins: list[str]) -> None:
+    """Record the static ONNX node ``i``: its outputs are static, rooted in what it reads."""
+    op = node.op_type
+    outs = [o for o in node.output if o]
+    nodes.static.update(outs)
+    if op in ("Constant", "ConstantOfShape"):  # stored data: the node is the weight
+        src = frozenset(outs)
+    elif op in ("Shape", "Size"):
+        src = frozenset()
+    else:
+        src = frozenset().union(*(nodes.roots.get(x, frozenset()) for x in ins))
+    for o in outs:
+        nodes.roots[o] = src
+    nodes.pending_static.append(i)
+
+
+def _add_cost_node(
+    nodes: _Nodes, i: int, node, onnx_name: str, used_outs: list[str], tensors: _Tensors
+) -> None:
+    """Number the ONNX node ``i`` as the next cost node, producer of its used outputs."""
+    op = node.op_type
+    for o in used_outs:
+        if not tensors.known(o):
+            nodes.missing.append(f"{o} (output of {op} {onnx_name!r})")
+    idx = nodes.n
+    nodes.cost_names.append(onnx_name)
+    nodes.op_types.append(op)
+    nodes.node_of_cost.append(i)
+    nodes.members[idx].append(onnx_name)
+    for o in used_outs:
+        nodes.producer[o] = idx
+    if op in CONTROL_FLOW:
+        nodes.control.append(onnx_name)
+
+
+def _check_shapes(g, nodes: _Nodes, read: set[str], tensors: _Tensors) -> None:
+    """Raise :class:`ShapesUnknown` naming every tensor the cost graph needs without a shape:
+    outputs of cost nodes, model inputs that are read, constants read as data."""
+    missing = list(nodes.missing)
+    for x in nodes.graph_inputs:
+        if x in read and not tensors.known(x):
             missing.append(f"{x} (model input)")
-    for idx in range(len(graph_inputs), len(cost_names)):  # weights read as data
-        node = g.node[node_of_cost[idx]]
+    for idx in nodes.cost_range():  # weights read as data
+        node = g.node[nodes.node_of_cost[idx]]
         shape_only = SHAPE_INPUTS.get(node.op_type, ())
         for j, x in enumerate(_reads(node)):
-            if x and x in static and j not in shape_only and not known(x):
-                missing.append(f"{x} (a constant read by {cost_names[idx]!r})")
+            if x and x in nodes.static and j not in shape_only and not tensors.known(x):
+                missing.append(f"{x} (a constant read by {nodes.cost_names[idx]!r})")
     if missing:
         raise ShapesUnknown(missing)
 
-    # ---- 2. tensors (one per used output), edges, parameters, FLOPs
-    n = len(cost_names)
-    flops = np.zeros(n)
-    int_flops = np.zeros(n)  # the part of flops done on integers (quantized matrix operators)
+
+def _tensors_and_edges(g, nodes: _Nodes, read: set[str], tensors: _Tensors) -> _Costs:
+    """Stage 2: tensors (one per used output), edges, parameters read, bytes and FLOPs."""
+    costs = _Costs.empty(nodes.n)
     made_by = {o: node.op_type for node in g.node for o in node.output}
-    out_bytes = np.zeros(n)
-    act = np.zeros(n)
-    moved = np.zeros(n)
-    edges: list[tuple[int, int]] = []
-    tensor_of: dict[str, int] = {}
-    t_prod: list[int] = []
-    t_size: list[float] = []
-    pairs: list[tuple[int, int]] = []  # (tensor, consumer)
-
-    def new_tensor(t: str, idx: int) -> None:
-        tensor_of[t] = len(t_prod)
-        t_prod.append(idx)
-        t_size.append(nbytes(t))
-
-    param_users: dict[str, set[int]] = defaultdict(set)
-    unknown_ops: dict[str, int] = defaultdict(int)
-    for k, x in enumerate(graph_inputs):
-        out_bytes[k] = act[k] = nbytes(x)
-        new_tensor(x, k)
-    for idx in range(len(graph_inputs), n):
-        node = g.node[node_of_cost[idx]]
-        op = node.op_type
-        shape_only = SHAPE_INPUTS.get(op, ())
-        seen_in: set[str] = set()
-        for j, x in enumerate(_reads(node)):
-            if not x:
-                continue
-            src = x if x in static else real(x)
-            if src in static:
-                if j not in shape_only:
-                    for r in roots.get(src, ()):
-                        param_users[r].add(idx)
-                    moved[idx] += nbytes(src)
-                continue
-            if src not in producer:
-                raise MtppError(f"node {cost_names[idx]!r} reads {x!r}, which nothing produces")
-            edges.append((producer[src], idx))
-            pairs.append((tensor_of[src], idx))
-            moved[idx] += nbytes(src)
-            if src not in seen_in:
-                seen_in.add(src)
-                act[idx] += nbytes(src)
+    for k, x in enumerate(nodes.graph_inputs):
+        costs.out_bytes[k] = costs.act[k] = tensors.nbytes(x)
+        costs.new_tensor(x, k, tensors.nbytes(x))
+    for idx in nodes.cost_range():
+        node = g.node[nodes.node_of_cost[idx]]
+        _read_inputs(costs, idx, node, nodes, tensors)
         outs = [o for o in node.output if o in read]
         for o in outs:
-            new_tensor(o, idx)
-        out_bytes[idx] = sum(nbytes(o) for o in outs)
-        moved[idx] += out_bytes[idx]
-        act[idx] += out_bytes[idx]
-        # a view's output has its own shape (a Reshape feeding a Gemm): never the alias source's
-        in_shapes = [
-            (shapes.get(x, (None, 0))[0] or shapes.get(real(x), (None, 0))[0]) if x else None
-            for x in node.input
-        ]
-        out_shapes = [shapes.get(o, (None, 0))[0] for o in node.output]
-        try:
-            fl = node_flops(node, in_shapes, out_shapes)
-        except (TypeError, IndexError, ValueError, ZeroDivisionError):
-            fl = None
-        if fl is None:
-            unknown_ops[op] += 1
-            fl = 0.0
-        flops[idx] = fl
-        if fl:
-            dequantized = all(made_by.get(x) == "DequantizeLinear" for x in node.input[:2])
-            int_flops[idx] = integer_flops(node, in_shapes, out_shapes, dequantized)
+            costs.new_tensor(o, idx, tensors.nbytes(o))
+        costs.out_bytes[idx] = sum(tensors.nbytes(o) for o in outs)
+        costs.moved[idx] += costs.out_bytes[idx]
+        costs.act[idx] += costs.out_bytes[idx]
+        _count_flops(costs, idx, node, tensors, made_by)
+    return costs
 
-    # static ONNX nodes belong to the first cost node that reads what they computed
+
+def _read_inputs(costs: _Costs, idx: int, node, nodes: _Nodes, tensors: _Tensors) -> None:
+    """What cost node ``idx`` reads: the parameters behind static inputs (shape-like inputs
+    are not weights), an edge and a tensor read per produced input, and their bytes."""
+    shape_only = SHAPE_INPUTS.get(node.op_type, ())
+    seen_in: set[str] = set()
+    for j, x in enumerate(_reads(node)):
+        if not x:
+            continue
+        src = x if x in nodes.static else tensors.real(x)
+        if src in nodes.static:
+            if j not in shape_only:
+                for r in nodes.roots.get(src, ()):
+                    costs.param_users[r].add(idx)
+                costs.moved[idx] += tensors.nbytes(src)
+            continue
+        if src not in nodes.producer:
+            raise MtppError(f"node {nodes.cost_names[idx]!r} reads {x!r}, which nothing produces")
+        costs.edges.append((nodes.producer[src], idx))
+        costs.pairs.append((costs.tensor_of[src], idx))
+        costs.moved[idx] += tensors.nbytes(src)
+        if src not in seen_in:
+            seen_in.add(src)
+            costs.act[idx] += tensors.nbytes(src)
+
+
+def _count_flops(costs: _Costs, idx: int, node, tensors: _Tensors, made_by: dict) -> None:
+    """FLOPs of cost node ``idx`` (0 and counted as unknown when its operator has no rule),
+    and the integer part of them."""
+    # a view's output has its own shape (a Reshape feeding a Gemm): never the alias source's
+    in_shapes = [
+        (tensors.shape(x) or tensors.shape(tensors.real(x))) if x else None for x in node.input
+    ]
+    out_shapes = [tensors.shape(o) for o in node.output]
+    try:
+        fl = node_flops(node, in_shapes, out_shapes)
+    except (TypeError, IndexError, ValueError, ZeroDivisionError):
+        fl = None
+    if fl is None:
+        costs.unknown_ops[node.op_type] += 1
+        fl = 0.0
+    costs.flops[idx] = fl
+    if fl:
+        dequantized = all(made_by.get(x) == "DequantizeLinear" for x in node.input[:2])
+        costs.int_flops[idx] = integer_flops(node, in_shapes, out_shapes, dequantized)
+
+
+def _attach_static(g, nodes: _Nodes, param_users: dict, onnx_names: list[str]) -> None:
+    """Stage 3: each static ONNX node belongs to the first cost node that reads what it
+    computed (or, through its roots, what it was computed from)."""
     first_reader: dict[str, int] = {}
     for x, users in param_users.items():
         first_reader[x] = min(users)
-    for x, r in roots.items():  # a static node belongs where its roots are read
+    for x, r in nodes.roots.items():  # a static node belongs where its roots are read
         for root in r:
             if root in first_reader and x not in first_reader:
                 first_reader[x] = first_reader[root]
-    for i in pending_static:
+    for i in nodes.pending_static:
         outs = [o for o in g.node[i].output if o]
         owner = min((first_reader[o] for o in outs if o in first_reader), default=None)
         if owner is not None:
-            members[owner].append(onnx_names[i])
+            nodes.members[owner].append(onnx_names[i])
 
-    same = tied_copies(model, [x for x in param_users if is_weight(x, shapes)])
+
+def _parameters(model, nodes: _Nodes, costs: _Costs, tensors: _Tensors) -> list:
+    """Stage 4: the parameter entities (name, bytes, users): every stored weight read as data
+    (tied copies counted once), then the weights inside control-flow bodies."""
+    shapes = tensors.shapes
+    same = tied_copies(model, [x for x in costs.param_users if is_weight(x, shapes)])
     merged: dict[str, set[int]] = defaultdict(set)
-    for x, users in param_users.items():
+    for x, users in costs.param_users.items():
         merged[same.get(x, x)] |= users
-    params = [(x, nbytes(x), sorted(users)) for x, users in merged.items() if is_weight(x, shapes)]
-    for idx in range(len(graph_inputs), n):
-        node = g.node[node_of_cost[idx]]
+    params = [
+        (x, tensors.nbytes(x), sorted(users)) for x, users in merged.items() if is_weight(x, shapes)
+    ]
+    for idx in nodes.cost_range():
+        node = model.graph.node[nodes.node_of_cost[idx]]
         if node.op_type in CONTROL_FLOW:
-            for pname, pbytes in body_weights(node, cost_names[idx]):
+            for pname, pbytes in body_weights(node, nodes.cost_names[idx]):
                 params.append((pname, pbytes, [idx]))
-    work_arr = work_times(work, flops, moved, cluster, int_flops)
+    return params
+
+
+def _hints(g, nodes: _Nodes, costs: _Costs, onnx_names, tensors: _Tensors, work: str) -> dict:
+    """Stage 5: what the cost graph records of the model (and warns about: operators without
+    a FLOPs rule, control flow)."""
     hints = {
         "format": "onnx",
         "onnx_nodes": len(g.node),
-        "static_nodes": [onnx_names[i] for i in pending_static],
-        "members": {cost_names[i]: m for i, m in members.items()},
-        "graph_outputs": [real(o.name) for o in g.output],
+        "static_nodes": [onnx_names[i] for i in nodes.pending_static],
+        "members": {nodes.cost_names[i]: m for i, m in nodes.members.items()},
+        "graph_outputs": [tensors.real(o.name) for o in g.output],
         "work_model": work,
     }
-    if int_flops.any():
-        hints["integer_flops"] = float(int_flops.sum())
-    if unknown_ops:
-        listed = ", ".join(f"{op} x{c}" for op, c in sorted(unknown_ops.items()))
-        warnings.warn(f"FLOPs unknown for {listed}; counted as 0", stacklevel=2)
-        hints["unknown_ops"] = dict(unknown_ops)
+    if costs.int_flops.any():
+        hints["integer_flops"] = float(costs.int_flops.sum())
+    if costs.unknown_ops:
+        listed = ", ".join(f"{op} x{c}" for op, c in sorted(costs.unknown_ops.items()))
+        # stacklevel 3: the warning names build_cost_graph's caller
+        warnings.warn(f"FLOPs unknown for {listed}; counted as 0", stacklevel=3)
+        hints["unknown_ops"] = dict(costs.unknown_ops)
+    control = nodes.control
     if control:
         warnings.warn(
             f"control flow ({', '.join(control[:3])}{'...' if len(control) > 3 else ''}): each "
             "If/Loop/Scan body is treated as one opaque node with 0 FLOPs",
-            stacklevel=2,
+            stacklevel=3,
         )
         hints["control_flow"] = control
-    graph = Graph.build(
-        cost_names,
-        work_arr,
-        out_bytes,
-        np.asarray(edges, dtype=np.int64).reshape(-1, 2),
-        params=params,
-        act=act,
-        name=name,
-        flops=flops,
-        op_types=op_types,
-        hints=hints,
-    )
-    return with_tensors(graph, np.asarray(t_prod), np.asarray(t_size), pairs)
+    return hints
 
 
 def with_tensors(g: Graph, producer: np.ndarray, size: np.ndarray, pairs) -> Graph:
@@ -353,7 +463,7 @@ def tied_copies(model, names: list[str]) -> dict[str, str]:
     a cheap key (the first values of a row and a column) finds candidates, and a full
     comparison decides. External weights are never read, and so never merged.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # heavy: onnx
 
     wanted = set(names)
     tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input}
@@ -397,7 +507,7 @@ def tied_copies(model, names: list[str]) -> dict[str, str]:
 
 def is_weight_type(elem_type: int) -> bool:
     """Floating point or 8/4-bit quantized element types: the types weights are stored in."""
-    from onnx import TensorProto as T
+    from onnx import TensorProto as T  # heavy: onnx
 
     names = (
         "FLOAT",

@@ -29,7 +29,7 @@ def read_model(path: str | Path):
 def load_proto(path: str | Path):
     """The ONNX protobuf of ``path`` without external weight bytes, its external data checked
     (:func:`check_external_paths`); not yet checked by the ONNX checker."""
-    import onnx
+    import onnx  # heavy: onnx
     from google.protobuf.message import DecodeError
 
     path = Path(path)
@@ -50,7 +50,7 @@ def load_proto(path: str | Path):
 def check_model(model, where: str) -> None:
     """Run the ONNX checker on a light copy of ``model``; refuse it in one line naming
     ``where`` (the file, or the sub-model) when the checker does."""
-    import onnx
+    import onnx  # heavy: onnx
 
     try:
         onnx.checker.check_model(light_copy(model))
@@ -65,7 +65,7 @@ def light_copy(model):
     and shape inference serialise the whole model, so this turns seconds into milliseconds on a
     400 MB export; small initializers (shape vectors) stay, so data propagation still works.
     Constant nodes holding such weights become typed inputs too."""
-    import onnx
+    import onnx  # heavy: onnx
     from onnx import TensorProto, helper
 
     light = onnx.ModelProto()
@@ -102,7 +102,7 @@ def light_copy(model):
 def _big_constant(node):
     """The value of a Constant node that holds a weight (external or over ``LIGHT_LIMIT``
     elements), else None."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     if node.op_type != "Constant" or len(node.output) != 1:
         return None
@@ -118,7 +118,7 @@ def check_external_paths(model, base: Path) -> None:
     """Refuse external data that leaves the model's folder, is missing, or is shorter than
     the tensor it holds (in initializers, sparse initializers, node attributes, subgraphs and
     model functions). Only ``stat`` is used: the weights are never read."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     base = Path(base).resolve()
     sizes: dict[Path, int | None] = {}

@@ -15,7 +15,8 @@ import numpy as np
 
 from solver.core.errors import MtppError, first_line
 from solver.core.units import format_bytes
-from solver.frontends.onnx.common import dense_bytes, external_info
+from solver.frontends.onnx.common import dense_bytes, dtype_bytes, external_info, model_tensors
+from solver.frontends.onnx.flops import numel
 
 MAX_ARRAY_BYTES = 2**62  # past this numpy refuses the shape itself (with --memory-ok)
 
@@ -35,7 +36,7 @@ def check_input_size(name: str, shape, dtype) -> None:
 
 def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = None, seed: int = 0):
     """Seeded random feeds for every real graph input, with dims as fixed in ``model``."""
-    from onnx import helper
+    from onnx import helper  # heavy: onnx
 
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
@@ -61,7 +62,7 @@ def random_inputs(model, shapes_by_name: dict[str, tuple[int, ...]] | None = Non
 def session(model, folder, so=None, what: str = "run the model"):
     """An onnxruntime CPU session on ``model`` (a ModelProto) whose external data, if any, is
     read by onnxruntime from ``folder`` (the model file's folder)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # heavy: onnxruntime
 
     so = so or ort.SessionOptions()
     so.log_severity_level = 3
@@ -102,7 +103,7 @@ def external_range(t) -> tuple[str, int, int]:
 
 def tensor_bytes(t) -> int:
     """Bytes of one tensor's data, external or inline, without reading it."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     return external_range(t)[2] if t.data_location == TensorProto.EXTERNAL else dense_bytes(t)
 
@@ -111,7 +112,7 @@ def held_bytes(t) -> int:
     """Bytes onnxruntime's CPU provider holds for one weight: fp16 and bf16 count twice, since
     it lacks fp16 kernels for most ops and computes in fp32 behind inserted casts (measured: a
     642 MiB fp16 Llama held 1.34 GiB of resident memory once its session was built)."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # heavy: onnx
 
     wide = t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
     return tensor_bytes(t) * (2 if wide else 1)
@@ -120,8 +121,6 @@ def held_bytes(t) -> int:
 def weight_bytes(model) -> tuple[float, float]:
     """(stored, held) bytes of every weight of ``model`` (graph, subgraphs, functions), read
     from the protos only: what the files hold, and what a session holds (:func:`held_bytes`)."""
-    from solver.frontends.onnx.common import model_tensors
-
     tensors = list(model_tensors(model))
     return float(sum(map(tensor_bytes, tensors))), float(sum(map(held_bytes, tensors)))
 
@@ -148,11 +147,8 @@ def run_shapes(model, folder, shapes) -> dict[str, tuple[tuple[int, ...], int]]:
     """Shapes of every top-level tensor from one onnxruntime run on seeded random inputs, with
     every intermediate tensor added as a graph output. ``shapes`` (what inference knows) gives
     the memory estimate checked first: all intermediates stay alive in such a run."""
-    import onnx
+    import onnx  # heavy: onnx
     from onnx import TensorProto, helper
-
-    from solver.frontends.onnx.common import dtype_bytes
-    from solver.frontends.onnx.flops import numel
 
     g = model.graph
     known = 0.0

@@ -40,7 +40,7 @@ def measured_work(
 
     ``memory_ok`` skips the memory check (the caller already checked, or was told to run).
     """
-    import onnx
+    import onnx  # heavy: onnx
     import onnxruntime as ort
 
     if not memory_ok:

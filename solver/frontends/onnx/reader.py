@@ -24,6 +24,7 @@ from pathlib import Path
 from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.frontends.onnx import profile  # the module: tests replace profile.measured_work
 from solver.frontends.onnx.graph import ShapesUnknown, build_cost_graph
 from solver.frontends.onnx.load import check_external_paths, read_model
 from solver.frontends.onnx.shapes import fix_dims, infer_shapes, read_static, with_run
@@ -65,9 +66,7 @@ def load_onnx(
     if loaded.note:
         g.hints["shapes_from_run"] = loaded.note
     if work == "measured":
-        from solver.frontends.onnx.profile import measured_work
-
-        g = g.with_work(measured_work(path, loaded.model, g, memory_ok=memory_ok))
+        g = g.with_work(profile.measured_work(path, loaded.model, g, memory_ok=memory_ok))
         g.hints["work_model"] = "measured"
     return g
 

@@ -21,8 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from solver.core.errors import MtppError, first_line
+from solver.frontends.onnx.common import CONTROL_FLOW, model_tensors, subgraph_inputs
 from solver.frontends.onnx.fold import fold_constants
 from solver.frontends.onnx.load import check_model, light_copy, read_model
+from solver.frontends.onnx.ort import run_shapes
 
 BATCH_LIKE = re.compile(r"(^|_)(batch|bs|n|b)(_|$)|batch", re.IGNORECASE)
 
@@ -202,10 +204,7 @@ def run_for_shapes(model, folder, shapes: Shapes, left: list[str]) -> str:
     """Fill ``shapes`` from one onnxruntime run of ``model`` at its fixed dims (external data
     read from ``folder``); ``left`` names the tensors inference could not resolve. Returns the
     line that tells the user where the shapes came from."""
-    from onnx import TensorProto
-
-    from solver.frontends.onnx.common import model_tensors
-    from solver.frontends.onnx.ort import run_shapes
+    from onnx import TensorProto  # heavy: onnx
 
     head = f"could not infer the shapes of {len(left)} tensor(s), first: {left[0]}"
     if folder is None and any(
@@ -227,7 +226,7 @@ def run_for_shapes(model, folder, shapes: Shapes, left: list[str]) -> str:
 
 
 def _onnx_infer(light):
-    import onnx
+    import onnx  # heavy: onnx
 
     try:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
@@ -240,6 +239,7 @@ def _symbolic(inferred) -> Shapes:
     """onnxruntime's symbolic shape inference, best effort (what stays unknown is handled by
     the caller)."""
     try:
+        # heavy: onnxruntime
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         # it may write scratch files into the working directory: give it a private one
@@ -258,8 +258,6 @@ def _symbolic(inferred) -> Shapes:
 
 def missing(model, shapes: Shapes) -> list[str]:
     """Tensors someone reads (or the model outputs) whose shape is still unknown."""
-    from solver.frontends.onnx.common import CONTROL_FLOW, subgraph_inputs
-
     g = model.graph
     read = {x for node in g.node for x in node.input if x} | {o.name for o in g.output}
     for node in g.node:
