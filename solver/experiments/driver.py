@@ -51,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from solver.core.errors import MtppError
+from solver.core.result import ERROR
 from solver.experiments import benchdata
 from solver.experiments.config import ExperimentConfig, expand, graph_source, load_config, warn
 from solver.experiments.local import SweepEnd, run_pool
@@ -65,7 +66,6 @@ from solver.experiments.reports import (  # noqa: F401  (re-exported: the report
     write_reports,
 )
 from solver.experiments.store import check_output, load_done, record, repair_log, sigint_deferred
-from solver.pipeline.plan import ERROR
 
 BACKENDS = ("local", "ray")
 WARN_RUNS = 2_000  # a larger sweep is run, with a warning

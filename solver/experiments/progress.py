@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from solver.core.text import esc
+
 
 def _clock(seconds: float) -> str:
     """Seconds as H:MM:SS."""
@@ -69,8 +71,6 @@ class SweepProgress:
 
     def advance(self, text: str, failed: bool = False) -> None:
         """One more run finished (``failed``: it ended in ERROR); ``text`` says which."""
-        from solver.cli.common import esc
-
         self.done += 1
         self.failed += bool(failed)
         if self.enabled:

@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 
 from solver.core.files import atomic_file
+from solver.core.result import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 from solver.experiments import benchdata
-from solver.pipeline.plan import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 
 
 # ---------------------------------------------------------------------- exact optima

@@ -19,6 +19,7 @@ from solver.backends.simulate_joint import AGREE, simulate_joint
 from solver.core.cluster import cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import write_json_atomic
+from solver.core.result import ERROR, INFEASIBLE
 from solver.experiments.config import GraphSpec, digest, graph_identity, graph_source
 from solver.frontends import load_graph, resolve_cluster
 from solver.frontends.native import to_dict
@@ -26,7 +27,6 @@ from solver.frontends.onnx.modelgen import BUILDERS, save
 from solver.frontends.workloads import layered_dag
 from solver.joint import plan_joint
 from solver.joint.segment import tensor_bytes
-from solver.pipeline.plan import ERROR, INFEASIBLE
 from solver.pipeline.registry import SolveOptions, solve
 from solver.spmd.model import load_model
 from solver.spmd.solve import solve_sharding
