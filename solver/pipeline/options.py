@@ -14,6 +14,7 @@ import numpy as np
 
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.core.progress import NULL_PROGRESS, Progress
 from solver.core.units import format_bytes
 from solver.pipeline.heuristics.slicing import slice_table_bytes
 
@@ -33,7 +34,10 @@ class Incumbent:
 
 @dataclass
 class SolveOptions:
-    """Options shared by the methods; ``extra`` holds method-specific ones."""
+    """Options shared by the methods; ``extra`` holds method-specific ones.
+
+    With ``progress`` the methods that report progress (cpsat, slicegraph) tell ``reporter``
+    each step and each new incumbent with its bound (the command line passes its live line)."""
 
     time_limit: float = 60.0
     workers: int = 0
@@ -41,12 +45,17 @@ class SolveOptions:
     gap: float = 0.0
     progress: bool = False
     extra: dict = field(default_factory=dict)
+    reporter: Progress = NULL_PROGRESS
     # a certified lower bound of this very problem (set by solve): cpsat stops at a plan meeting it
     certified_bound: float | None = None
     # the warm-start plan solve found before the bounds (cpsat starts from it)
     incumbent: Incumbent | None = None
     # seconds solve spent before the method (bounds, warm start): the tie-break's yardstick
     spent_before: float = 0.0
+
+    def watcher(self) -> Progress:
+        """Where a method reports its progress: ``reporter`` with ``progress``, else nobody."""
+        return self.reporter if self.progress else NULL_PROGRESS
 
 
 # ---------------------------------------------------------------- option checking
@@ -216,4 +225,3 @@ def check_memory(method: str, g: Graph, k: int, extra: dict) -> None:
             f"of memory (the limit is {format_bytes(budget)}, half of this machine's); use fewer "
             "devices (--devices) or a linear-time method (time, params, uniform)"
         )
-

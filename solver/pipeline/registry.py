@@ -49,10 +49,13 @@ from solver.pipeline.topology import place_plan, run_method
 # share of the time limit for the certified lower bounds (solver.pipeline.bounds)
 BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
+# the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
+PROGRESS_METHODS = ("cpsat", "slicegraph")
 # the names the command line and the experiment driver read here
 __all__ = [
     "METHODS",
     "METHOD_OPTIONS",
+    "PROGRESS_METHODS",
     "SolveOptions",
     "bound_stats",
     "certified_bound",

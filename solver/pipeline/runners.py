@@ -17,6 +17,7 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.core.progress import NULL_PROGRESS, Progress
 from solver.pipeline.dp.ideals import IdealTimeout, ideal_dp, too_many_ideals
 from solver.pipeline.dp.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
 from solver.pipeline.exact.brute import brute_force
@@ -196,21 +197,19 @@ def _brkga_options(opts: SolveOptions):
 def run_slicegraph(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:
     """SliceGraph: optimal slicing of topological orders searched by BRKGA (best of it and the
     time-balanced split when the limit stops the search before its first slicing)."""
-    from solver.cli.progress import SolveProgress
-
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
     bo = _brkga_options(opts)
     bound = lower_bound(g, cluster)
-    with SolveProgress(enabled=opts.progress, title=f"slicegraph {g.name}") as prog:
-        prog.note("searching topological orders")
-        val, ca, stats = brkga(
-            cg,
-            cluster,
-            replace(bo, time_limit=max(0.0, opts.time_limit - (time.perf_counter() - t0))),
-            seeds=[cg.topo_order, depth_first_order(cg)],
-            on_improve=lambda best, elapsed: prog.update(best, bound, elapsed),
-        )
+    prog = opts.watcher()
+    prog.note("searching topological orders")
+    val, ca, stats = brkga(
+        cg,
+        cluster,
+        replace(bo, time_limit=max(0.0, opts.time_limit - (time.perf_counter() - t0))),
+        seeds=[cg.topo_order, depth_first_order(cg)],
+        on_improve=lambda best, elapsed: prog.update(best, bound, elapsed),
+    )
     base = contiguous_split(cg, cluster.devices, "time")
     if not validate(cg, cluster, base):
         base_val = evaluate(cg, cluster, base).objective
@@ -270,22 +269,22 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     """Exact CP-SAT model, warm-started by the quick heuristics and the exact DP over the
     separator chain (:mod:`solver.pipeline.dp.warmstart`), whose proven optimum needs no search.
     With ``opts.certified_bound`` the search is skipped or stopped once a plan meets it."""
-    from solver.cli.progress import SolveProgress
-
     t0 = time.perf_counter()
-    with SolveProgress(enabled=opts.progress, title=f"cpsat {g.name}") as prog:
-        # the exact DP over the separator chain (cached from the bound stage) first: when it
-        # proves its plan optimal, no search can improve it
-        dp = chain_warm_start(g, cluster, t0 + WARM_START_SHARE * opts.time_limit)
-        if skips_search(dp):
-            tie = bool(opts.extra.get("tie_break", True))
-            plan = proven_plan(g, cluster, dp, "cpsat", t0, tie)
-            prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
-            return plan
-        return _search_cpsat(g, cluster, opts, dp, prog, t0)
+    prog = opts.watcher()
+    # the exact DP over the separator chain (cached from the bound stage) first: when it
+    # proves its plan optimal, no search can improve it
+    dp = chain_warm_start(g, cluster, t0 + WARM_START_SHARE * opts.time_limit)
+    if skips_search(dp):
+        tie = bool(opts.extra.get("tie_break", True))
+        plan = proven_plan(g, cluster, dp, "cpsat", t0, tie)
+        prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
+        return plan
+    return _search_cpsat(g, cluster, opts, dp, prog, t0)
 
 
-def _search_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions, dp, prog, t0: float):
+def _search_cpsat(
+    g: Graph, cluster: Cluster, opts: SolveOptions, dp, prog: Progress, t0: float
+) -> Plan | None:
     """The CP-SAT search from the best warm start (solve's incumbent or the quick heuristics,
     the DP's plan, and SliceGraph first on large graphs), stopped at the certified bound."""
     # imported here: OR-Tools' cp_model pulls in pandas (about a second of start-up), which
@@ -322,7 +321,7 @@ def _search_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions, dp, prog, t0: 
         workers=opts.workers,
         seed=opts.seed,
         gap=opts.gap,
-        on_progress=prog.update if opts.progress else None,
+        on_progress=None if prog is NULL_PROGRESS else prog.update,
         params=dict(opts.extra.get("cpsat_params", {})),
         tie_break=bool(opts.extra.get("tie_break", True)),
         tie_break_seconds=opts.extra.get("tie_break_seconds"),
@@ -461,4 +460,3 @@ def run_idealdp(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
 def run_brute(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     """Enumerate every plan (tiny graphs only): the test oracle."""
     return brute_force(g, cluster)
-
