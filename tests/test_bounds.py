@@ -19,7 +19,7 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.graph import Graph, coarse_view
 from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.bounds import certified_lower_bound
-from solver.pipeline.bounds.chain import bins_needed, chain_bound, separators, work_chain_bound
+from solver.pipeline.bounds.chain import bins_needed, chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import Chain, bins_needed_io, chain_io_bound, gap_subset_sums
 from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
 from solver.pipeline.bounds.items import items
@@ -31,6 +31,7 @@ from solver.pipeline.bounds.node_block import (
 )
 from solver.pipeline.bounds.packing import cannot_pack, smallest_capacity
 from solver.pipeline.bounds.weights import capacity_infeasible, least_work_for_bytes, weights_bound
+from solver.pipeline.dp.separators import separators
 from solver.pipeline.exact.brute import brute_force
 
 from .conftest import KNOWN_OPTIMA, ROOT, bench_path, problems, scaled_examples

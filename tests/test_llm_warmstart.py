@@ -13,8 +13,7 @@ import pytest
 from solver.core.cost import evaluate, validate
 from solver.core.graph import coarse_view
 from solver.frontends import load_graph, resolve_cluster
-from solver.pipeline.bounds.combine import ideal_chain
-from solver.pipeline.dp.chain_ideals import chain_ideal_dp
+from solver.pipeline.dp.chain_ideals import chain_ideal_dp, ideal_chain
 from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
 from solver.pipeline.plan import OPTIMAL
 from solver.pipeline.registry import SolveOptions, quick_assignment, solve

@@ -24,8 +24,8 @@ import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.graph import Graph, coarse_view
-from solver.pipeline.bounds.chain import separators
 from solver.pipeline.bounds.items import Items
+from solver.pipeline.dp.separators import separators
 
 
 class Chain:

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from solver.core.cluster import Cluster
-from solver.core.graph import Graph, coarse_view
+from solver.core.cost import lower_bound
+from solver.core.graph import Graph
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
 from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
@@ -15,6 +16,7 @@ from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
 from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
+from solver.pipeline.dp.chain_ideals import ideal_chain
 from solver.pipeline.plan import meets_target
 
 # share of the time limit each CP-SAT packing bound may spend; the chains without io are
@@ -24,12 +26,9 @@ IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with 
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
 NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
 NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
-IDEALS_SMALL_MIN_NODES = 64  # below this many coarse nodes CP-SAT proves in milliseconds: the
-# DP runs on graphs smaller than IDEALS_MIN_NODES only from here up
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
-IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last)
-IDEALS_MIN_NODES = 300  # ... on graphs of at least this many coarse nodes (smaller ones are
-# solved exactly by CP-SAT in seconds, which also reports its own proof)
+IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last);
+# the graphs it runs on: IDEALS_MIN_NODES in solver.pipeline.dp.chain_ideals
 
 
 @dataclass(frozen=True)
@@ -137,8 +136,6 @@ def certified_lower_bound(
     objective of a known valid plan (the incumbent; it fits the capacity, so the capacity
     check is skipped): the bounds stop as soon as the best one meets it (the rest are listed
     in ``skipped``), and the packings search no higher than it."""
-    from solver.core.cost import lower_bound
-
     t0 = time.perf_counter()
     k = cluster.devices if k is None else int(k)
     it = items(g)
@@ -261,50 +258,3 @@ def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
             run.vals[name] = fn(seconds, 0.0)
         else:
             run.packing(name, fn(seconds, run.best))
-
-
-def ideal_chain(
-    g: Graph,
-    cluster: Cluster,
-    k: int,
-    lower: float,
-    time_limit: float,
-    small: bool = False,
-    upper: float | None = None,
-):
-    """The exact DP over the ideals of ``g``'s separator chain
-    (:mod:`solver.pipeline.dp.chain_ideals`) on its coarse view, computed once per graph,
-    cluster and k (the warm start of the exact solver reads the same result); None on a
-    cluster whose devices or links differ, and on graphs of fewer than IDEALS_MIN_NODES coarse
-    nodes (IDEALS_SMALL_MIN_NODES with ``small``) unless it was computed already. ``upper``:
-    the cost of a known plan (it prunes the blocks priced, and the DP first tries to prove
-    that plan optimal)."""
-    from solver.pipeline.dp.chain_ideals import chain_ideal_dp
-
-    cg, _ = coarse_view(g)
-    if not cluster.homogeneous:
-        return None
-    cache = g.__dict__.setdefault("_chain_ideals", {})  # the graph is immutable
-    key = (
-        k,
-        cluster.fast_memory,
-        cluster.capacity,
-        cluster.link_bandwidth,
-        cluster.slow_memory_bandwidth,
-    )
-    too_small = cg.n < (IDEALS_SMALL_MIN_NODES if small else IDEALS_MIN_NODES)
-    if too_small and key not in cache:
-        return None
-    hit, state = cache.get(key, (None, {}))
-    if hit is None or (not hit.optimal and "stopped" in hit.stats):
-        hit = chain_ideal_dp(
-            cg,
-            cluster,
-            k,
-            max(lower, hit.lower if hit else 0.0),
-            time_limit,
-            upper=math.inf if upper is None else upper,
-            state=state,
-        )  # resumes a run its deadline stopped
-        cache[key] = (hit, state)
-    return hit

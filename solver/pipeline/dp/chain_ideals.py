@@ -2,7 +2,7 @@
 
 Every plan is a chain of ideals (down-sets) {} = I0 <= I1 <= ... <= Ik = V, block j being
 Ij minus Ij-1 (:mod:`solver.pipeline.dp.ideals`). A *separator* is comparable with every other
-node (:func:`solver.pipeline.bounds.chain.separators`); with separators s_0 < s_1 < ... every ideal
+node (:func:`solver.pipeline.dp.separators.separators`); with separators s_0 < s_1 < ... every ideal
 is
 "s_0..s_{g-1}, every node of the gaps before g, and a down-closed subset D of gap g" (proof in
 docs/bounds.md), so a decoder has few ideals (18,731 for the Llama-2-7B shape) and all of them
@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solver.core.cluster import Cluster
-from solver.core.graph import Graph
+from solver.core.cost import evaluate
+from solver.core.graph import Graph, coarse_view
+from solver.core.units import format_bytes, format_time
+from solver.pipeline.dp.separators import separators
 
 MAX_IDEALS = 200_000  # all ideals of all gaps
 MAX_GAP_IDEALS = 3_000  # ideals of one gap (the subset test of a gap is a square table)
@@ -31,6 +34,10 @@ MAX_PAIRS = 20_000_000  # pairs (I, J) kept in the cost table (20 bytes each)
 MAX_TIE_BREAK = 10_000_000  # ideals x (k + 1) of the tie-break's table (20 bytes each)
 EPS = 1e-9  # relative slack on float comparisons; a bound is reported (1 - EPS) low
 PROBE_BAND = 1e-7  # the bisection's first probe: the largest cost this much below a plan's
+IDEALS_SMALL_MIN_NODES = 64  # below this many coarse nodes CP-SAT proves in milliseconds: the
+# DP runs on graphs smaller than IDEALS_MIN_NODES only from here up (``small``)
+IDEALS_MIN_NODES = 300  # ideal_chain runs on graphs of at least this many coarse nodes (smaller
+# ones are solved exactly by CP-SAT in seconds, which also reports its own proof)
 
 
 class _Out(Exception):
@@ -484,9 +491,6 @@ def _least_transfer(table, N: int, T: float, k: int) -> np.ndarray | None:
 def _tie_break(g: Graph, cluster: Cluster, k: int, ids, table, res: ChainResult) -> None:
     """At the proven optimum, the plan that sends the fewest bytes, then has the lowest latency
     (issue 11 item 4): exact, over every plan with that bottleneck."""
-    from solver.core.cost import evaluate
-    from solver.core.units import format_bytes, format_time
-
     first = evaluate(g, cluster, res.assignment, k=k)
     t_before, l_before = float(first.bytes_in.sum()), float(first.latency)
     if ids.N * (k + 1) > MAX_TIE_BREAK:
@@ -577,9 +581,6 @@ def chain_ideal_dp(
     the first pass, on ideals that end at gap ends, gives only a plan). ``state``: a dict kept
     by the caller between calls on the same graph, cluster and k, so that a call stopped by its
     deadline resumes where it stopped."""
-    from solver.core.cost import evaluate
-    from solver.pipeline.bounds.chain import separators
-
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     st = {} if state is None else state
@@ -653,3 +654,47 @@ def chain_ideal_dp(
         res.stats["stopped" if "time limit" in str(e) else "skipped"] = str(e)
     res.stats["seconds"] = round(time.perf_counter() - t0, 3)
     return res
+
+
+def ideal_chain(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    lower: float,
+    time_limit: float,
+    small: bool = False,
+    upper: float | None = None,
+) -> ChainResult | None:
+    """The exact DP over the ideals of ``g``'s separator chain (:func:`chain_ideal_dp`) on
+    its coarse view, computed once per graph, cluster and k (the warm start of the exact
+    solver reads the same result); None on a cluster whose devices or links differ, and on
+    graphs of fewer than IDEALS_MIN_NODES coarse nodes (IDEALS_SMALL_MIN_NODES with
+    ``small``) unless it was computed already. ``upper``: the cost of a known plan (it prunes
+    the blocks priced, and the DP first tries to prove that plan optimal)."""
+    cg, _ = coarse_view(g)
+    if not cluster.homogeneous:
+        return None
+    cache = g.__dict__.setdefault("_chain_ideals", {})  # the graph is immutable
+    key = (
+        k,
+        cluster.fast_memory,
+        cluster.capacity,
+        cluster.link_bandwidth,
+        cluster.slow_memory_bandwidth,
+    )
+    too_small = cg.n < (IDEALS_SMALL_MIN_NODES if small else IDEALS_MIN_NODES)
+    if too_small and key not in cache:
+        return None
+    hit, state = cache.get(key, (None, {}))
+    if hit is None or (not hit.optimal and "stopped" in hit.stats):
+        hit = chain_ideal_dp(
+            cg,
+            cluster,
+            k,
+            max(lower, hit.lower if hit else 0.0),
+            time_limit,
+            upper=math.inf if upper is None else upper,
+            state=state,
+        )  # resumes a run its deadline stopped
+        cache[key] = (hit, state)
+    return hit

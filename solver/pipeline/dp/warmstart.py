@@ -16,7 +16,7 @@ import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.graph import Graph, coarse_view
-from solver.pipeline.dp.chain_ideals import ChainResult
+from solver.pipeline.dp.chain_ideals import ChainResult, ideal_chain
 from solver.pipeline.plan import OPTIMAL, Plan, make_plan
 
 
@@ -31,8 +31,6 @@ def chain_warm_start(g: Graph, cluster: Cluster, deadline: float) -> ChainResult
     """The DP's result on k = ``cluster.devices`` blocks (cached, or computed by ``deadline``,
     a ``time.perf_counter()`` value); None on a cluster whose devices or links differ, and on
     a small graph the bound stage did not run it on."""
-    from solver.pipeline.bounds.combine import ideal_chain
-
     left = max(0.0, deadline - time.perf_counter())
     return ideal_chain(g, cluster, cluster.devices, 0.0, left)
 
