@@ -11,6 +11,10 @@ from pathlib import Path
 
 from solver.core.errors import MtppError
 
+# CONTROL_CHARS and esc live in solver.core.text (both progress bars use them); kept importable here
+from solver.core.text import CONTROL_CHARS as CONTROL_CHARS
+from solver.core.text import esc as esc
+
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs keep their line breaks (examples stay as written), and a long
@@ -195,21 +199,6 @@ def print_list_line(con, text: str, sep: str = ", ") -> None:
     lines.append(line)
     for x in lines:  # an item wider than the console (a long name) is folded by rich
         con.print(Text(x), soft_wrap=len(x) <= con.width)
-
-
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def esc(name: object) -> str:
-    r"""A user-provided name made safe to print through rich: markup escaped, control
-    characters shown as ``?`` (a node called ``[red]`` or holding an escape code prints as is).
-
-    >>> print(esc("[red]x\x1b"))
-    \[red]x?
-    """
-    from rich.markup import escape
-
-    return escape(CONTROL_CHARS.sub("?", str(name)))
 
 
 def fmt(x: float | None) -> str:

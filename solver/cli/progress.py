@@ -16,6 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from solver.core.text import CONTROL_CHARS
+from solver.core.units import format_time
+
 FIRST_LINE_DELAY = 2.0  # seconds of silence before the first plain line
 MIN_LINE_GAP = 1.0  # seconds between two plain lines, also for improvements
 LINE_INTERVAL = 5.0  # seconds between plain lines while nothing improves
@@ -28,7 +31,8 @@ def _seconds(x: float) -> str:
 
 
 class SolveProgress:
-    """Context manager showing a solve's progress on stderr; silent when disabled.
+    """Context manager showing a solve's progress on stderr; silent when disabled. A
+    :class:`solver.core.progress.Progress`: planners report to it through ``note`` and ``update``.
 
     ``note(text)`` names the step that runs now (a warm start, a model build);
     ``update(objective, bound)`` feeds an incumbent and a proven bound in seconds (the best of
@@ -45,8 +49,6 @@ class SolveProgress:
         console=None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        from solver.cli.common import CONTROL_CHARS
-
         self.enabled = enabled and (console is not None or sys.stderr is not None)
         self.title = CONTROL_CHARS.sub("?", title)  # holds a graph name: printed as plain text
         self.time_limit = time_limit
@@ -113,8 +115,6 @@ class SolveProgress:
         """Name the step that runs now (shown until the next incumbent or bound)."""
         if not self.enabled:
             return
-        from solver.cli.common import CONTROL_CHARS
-
         with self._lock:
             self.stage = CONTROL_CHARS.sub("?", text)
             self._changed = True
@@ -155,8 +155,6 @@ class SolveProgress:
 
     def line(self) -> str:
         """The current state in one line of plain text."""
-        from solver.core.units import format_time
-
         parts = []
         if self.stage:
             parts.append(self.stage)

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import textwrap
+from dataclasses import replace
 
 from solver.cli.common import (
     CONTROL_CHARS,
@@ -397,13 +398,10 @@ def parse_set(items: list[str]) -> dict:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
+    from solver.cli.progress import SolveProgress
+    from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
     from solver.pipeline.plan import save_plan
-    from solver.pipeline.registry import (
-        SolveOptions,
-        check_method_options,
-        check_solve_options,
-        solve,
-    )
+    from solver.pipeline.registry import PROGRESS_METHODS, solve
 
     if args.method == "joint":
         return cmd_solve_joint(args)
@@ -431,7 +429,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
         check_output_file(args.out, input_paths(args), "--out")
     g, cluster = load_graph_and_cluster(args)
-    plan = solve(g, cluster, args.method, opts)
+    reporting = args.method in PROGRESS_METHODS and not args.quiet
+    with SolveProgress(reporting, f"{args.method} {g.name}") as progress:
+        plan = solve(g, cluster, args.method, replace(opts, reporter=progress))
     if plan is None:
         raise MtppError(infeasible_message(g, cluster))
     if args.out is not None:
