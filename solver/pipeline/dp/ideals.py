@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from solver.core.cluster import Cluster
+from solver.core.cost import evaluate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
 
@@ -34,10 +36,14 @@ def too_many_ideals(max_ideals: int) -> MtppError:
     )
 
 
-def enumerate_ideals(g: Graph, max_ideals: int, deadline: float = math.inf) -> np.ndarray:
+def enumerate_ideals(
+    g: Graph, max_ideals: int, deadline: float = math.inf, among: np.ndarray | None = None
+) -> np.ndarray:
     """All ideals as a bool matrix (rows), sorted by size; raises past ``max_ideals`` or
-    ``deadline`` (``time.perf_counter()``)."""
-    if g.n + 1 > max_ideals:  # every DAG of n nodes has at least n + 1 ideals (a chain)
+    ``deadline`` (``time.perf_counter()``). ``among`` (a bool mask, closed under order-edge
+    predecessors): the ideals of the nodes it holds only (the other columns stay False)."""
+    allowed = np.ones(g.n, dtype=bool) if among is None else among
+    if int(allowed.sum()) + 1 > max_ideals:  # a DAG of n nodes has >= n + 1 ideals (a chain)
         raise too_many_ideals(max_ideals)
     pred_mask = [0] * g.n
     ptr, idx = g.pred
@@ -54,7 +60,7 @@ def enumerate_ideals(g: Graph, max_ideals: int, deadline: float = math.inf) -> n
                     f"idealdp: time limit reached while enumerating ideals ({len(seen):,} so "
                     "far); use --method cpsat or raise --time-limit"
                 )
-            for v in range(g.n):
+            for v in np.flatnonzero(allowed).tolist():
                 bit = 1 << v
                 if not ideal & bit and pred_mask[v] & ~ideal == 0:
                     new = ideal | bit
@@ -75,29 +81,39 @@ def enumerate_ideals(g: Graph, max_ideals: int, deadline: float = math.inf) -> n
 class _BlockCosts:
     """f(S) for many node sets S at once (rows of a bool matrix)."""
 
-    def __init__(self, g: Graph, cluster: Cluster):
+    def __init__(self, g: Graph, cluster: Cluster, only: np.ndarray | None = None):
+        """``only``: a bool mask of the tensors whose io is counted (default: all)."""
         self.g, self.c = g, cluster
         pt = g.pair_tensor
         order = np.argsort(pt, kind="stable")
+        if only is not None:
+            order = order[only[pt[order]]]
         self.cons = g.t_cons[order]
         self.cons_tensor = pt[order]
-        starts = np.flatnonzero(np.r_[True, np.diff(self.cons_tensor) != 0]) if len(pt) else []
+        some = len(self.cons_tensor) > 0
+        starts = np.flatnonzero(np.r_[True, np.diff(self.cons_tensor) != 0]) if some else []
         self.starts = np.asarray(starts, dtype=np.int64)
-        self.tensors = self.cons_tensor[self.starts] if len(pt) else np.zeros(0, np.int64)
+        self.tensors = self.cons_tensor[self.starts] if some else np.zeros(0, np.int64)
         self.io = g.t_size[self.tensors] / cluster.link_bandwidth
         self.prod = g.t_producer[self.tensors]
         self.p_starts = g.p_ptr[:-1]
         self.mem = math.isfinite(cluster.fast_memory) or cluster.capacity is not None
 
-    def __call__(self, S: np.ndarray) -> np.ndarray:
+    def io_of(self, S: np.ndarray) -> np.ndarray:
+        """io_in(S) + io_out(S) of every row (of the counted tensors)."""
+        if not len(self.tensors):
+            return np.zeros(len(S))
+        inside = S[:, self.cons]
+        any_in = np.logical_or.reduceat(inside, self.starts, axis=1)
+        all_in = np.logical_and.reduceat(inside, self.starts, axis=1)
+        p_in = S[:, self.prod]
+        crossing = (~p_in & any_in) | (p_in & ~all_in)
+        return crossing.astype(np.float64) @ self.io
+
+    def __call__(self, S: np.ndarray, work: np.ndarray | None = None) -> np.ndarray:
+        """f of every row; ``work``: the rows' work when the caller knows it."""
         g, c = self.g, self.c
-        f = S @ g.work
-        if len(self.tensors):
-            inside = S[:, self.cons]
-            any_in = np.logical_or.reduceat(inside, self.starts, axis=1)
-            all_in = np.logical_and.reduceat(inside, self.starts, axis=1)
-            p_in = S[:, self.prod]
-            f = f + ((~p_in & any_in) | (p_in & ~all_in)) @ self.io
+        f = (S.astype(np.float64) @ g.work if work is None else work) + self.io_of(S)
         if self.mem:
             params = np.zeros(len(S))
             if g.num_params:
@@ -159,3 +175,492 @@ def ideal_dp(
         a[ideals[r] & ~ideals[prev]] = blk
         r, j, blk = prev, j - 1, blk - 1
     return val, a, stats
+
+
+# ---------------------------------------------------------------- nodes without order edges
+# Training graphs order only their forward edges: a backward node that no forward node shares a
+# co-location class with has no order edge at all (a *free* node; 17 on ResNet-50, 32 on
+# BERT-12), and every ideal with or without it is an ideal, so the ideals multiply by 2 per free
+# node. Instead the DP runs over the ideals of the other (*main*) nodes and prices each block of
+# main nodes M at a relaxed cost (docs/bounds.md, "ideals with free nodes"):
+#
+#     g(M) = f(M) + sum over free components c of min(0, min over A in c of d_c(M, A)),
+#     d_c(M, A) = work(A) + io(M + A) - io(M) over the tensors that touch c,
+#
+# where a component holds the free nodes that share tensors. Each tensor touches one component,
+# so for a block S = M + A (A its free nodes) work + io is additive over components, the memory
+# terms only grow with S and f(S) >= g(M): the DP's optimum over chains of main ideals is a lower
+# bound for every plan. Its chain with the free nodes placed on the blocks is a real plan; when
+# that plan's cost meets the bound it is optimal.
+MAX_COMPONENT = 8  # free nodes of one component priced by enumeration (2^8 subsets)
+PAIR_CHUNK = 20_000  # pairs of ideals priced at once
+EPS = 1e-9  # the bound is reported this much (relative) low, for float rounding
+
+
+@dataclass(frozen=True)
+class FreeComponent:
+    """Free nodes that share tensors (``nodes``), the tensors that touch them (a bool mask over
+    tensors) and the other nodes of those tensors (``touch``, a bool mask over nodes)."""
+
+    nodes: np.ndarray
+    tensors: np.ndarray
+    touch: np.ndarray
+
+
+@dataclass(frozen=True)
+class FreeSplit:
+    """``main``: the nodes the DP's ideals range over; ``components``: the rest."""
+
+    main: np.ndarray
+    components: list[FreeComponent]
+
+
+@dataclass
+class IdealsResult:
+    """What the DP over main ideals proved and found, on the graph it was given.
+
+    ``lower``: no plan has a bottleneck below it; ``value`` and ``assignment``: the best plan
+    found (inf and None when none); ``optimal``: they meet (relative 1e-6)."""
+
+    lower: float = 0.0
+    value: float = math.inf
+    assignment: np.ndarray | None = None
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def optimal(self) -> bool:
+        return self.assignment is not None and self.value <= self.lower * (1 + 1e-6)
+
+
+@dataclass
+class _Pairs:
+    """Pairs of ideals I < J (indices into the sorted ideals, ``hi`` ascending) with the relaxed
+    cost of the block J minus I."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    cost: np.ndarray
+
+
+def _tensor_members(g: Graph) -> list[np.ndarray]:
+    """The nodes of every tensor: its producer and its consumers."""
+    return [
+        np.r_[g.t_producer[t], g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]] for t in range(g.num_tensors)
+    ]
+
+
+def split_free(g: Graph) -> FreeSplit:
+    """The nodes without an order edge, grouped by shared tensors; a component of more than
+    :data:`MAX_COMPONENT` nodes stays with the main nodes (its ideals are enumerated)."""
+    free = np.ones(g.n, dtype=bool)
+    free[g.e_src] = False
+    free[g.e_dst] = False
+    members = _tensor_members(g)
+    parent = np.arange(g.n)
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = int(parent[x])
+        return x
+
+    for m in members:
+        fm = [int(v) for v in m if free[v]]
+        for v in fm[1:]:
+            parent[root(v)] = root(fm[0])
+    roots = np.array([root(v) for v in range(g.n)])
+    main = ~free
+    comps = []
+    for r in np.unique(roots[free]).tolist():
+        nodes = np.flatnonzero(free & (roots == r))
+        if len(nodes) > MAX_COMPONENT:
+            main[nodes] = True
+            continue
+        inc = np.zeros(g.n, dtype=bool)
+        inc[nodes] = True
+        tensors = np.array([bool(inc[m].any()) for m in members], dtype=bool)
+        touch = np.zeros(g.n, dtype=bool)
+        for t in np.flatnonzero(tensors).tolist():
+            touch[members[t]] = True
+        touch[nodes] = False
+        comps.append(FreeComponent(nodes, tensors, touch))
+    return FreeSplit(main, comps)
+
+
+def _timeout(what: str) -> IdealTimeout:
+    return IdealTimeout(f"idealdp: time limit reached while {what}")
+
+
+def _pair_list(
+    ideals: np.ndarray, work: np.ndarray, above: float, lim: float, deadline: float
+) -> _Pairs:
+    """Every pair I < J of ideals whose block J minus I has work in (``above``, ``lim``]."""
+    packed = np.packbits(ideals, axis=1)
+    los, his = [], []
+    for r in range(1, len(ideals)):
+        if r % 256 == 0 and time.perf_counter() > deadline:
+            raise _timeout(f"listing the blocks ({r:,} of {len(ideals):,} ideals)")
+        w = work[r] - work[:r]
+        idx = np.flatnonzero((w <= lim) & (w > above))
+        idx = idx[~np.any(packed[idx] & ~packed[r], axis=1)]
+        los.append(idx)
+        his.append(np.full(len(idx), r, dtype=np.int64))
+    lo = np.concatenate(los) if los else np.zeros(0, np.int64)
+    hi = np.concatenate(his) if his else np.zeros(0, np.int64)
+    return _Pairs(lo, hi, np.zeros(len(lo)))
+
+
+def _subsets(nodes: np.ndarray) -> list[np.ndarray]:
+    """Every non-empty subset of ``nodes``."""
+    bits = np.arange(len(nodes))
+    return [nodes[(m >> bits) & 1 == 1] for m in range(1, 1 << len(nodes))]
+
+
+def _counts(ideals: np.ndarray, members: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """For every ideal (row) and every group ``members[ptr[i]:ptr[i + 1]]`` (non-empty), how
+    many of the group's nodes the ideal holds."""
+    if not len(ptr) - 1:
+        return np.zeros((len(ideals), 0), dtype=np.int32)
+    return np.add.reduceat(ideals[:, members].astype(np.int32), ptr[:-1], axis=1)
+
+
+@dataclass(frozen=True)
+class _MemberSets:
+    """The tensors that can cross a block (two members or more: ``ts``) and their members
+    (producer and consumers, each once: ``sets``)."""
+
+    ts: np.ndarray
+    sets: list[np.ndarray]
+
+
+def _member_sets(g: Graph) -> _MemberSets:
+    sets = [np.unique(m) for m in _tensor_members(g)]
+    ts = np.array([t for t, s in enumerate(sets) if len(s) > 1], dtype=np.int64)
+    return _MemberSets(ts, [sets[t] for t in ts.tolist()])
+
+
+@dataclass
+class _TensorTable:
+    """Tensors (``ts``) with their io time, member count (``size``) and how many members every
+    ideal holds (``cnt``: ideals x tensors)."""
+
+    ts: np.ndarray
+    io: np.ndarray
+    size: np.ndarray
+    cnt: np.ndarray
+
+
+def _tensor_table(
+    g: Graph, cluster: Cluster, ideals: np.ndarray, ms: _MemberSets, keep: np.ndarray
+) -> _TensorTable:
+    """The table of the tensors of ``ms`` that ``keep`` (a mask over all tensors) holds."""
+    ts = ms.ts
+    sel = np.flatnonzero(keep[ts])
+    spans = [ms.sets[i] for i in sel.tolist()]
+    sub_ptr = np.r_[0, np.cumsum([len(s) for s in spans])].astype(np.int64)
+    flat = np.concatenate(spans) if spans else np.zeros(0, np.int64)
+    cnt = _counts(ideals, flat, sub_ptr)
+    return _TensorTable(ts[sel], g.t_size[ts[sel]] / cluster.link_bandwidth, np.diff(sub_ptr), cnt)
+
+
+def _frontiers(tab: _TensorTable) -> np.ndarray:
+    """The tensors of every ideal's frontier (some but not all members inside), as columns of
+    ``tab`` padded with a last column that never crosses."""
+    inside = (tab.cnt > 0) & (tab.cnt < tab.size)
+    width = int(inside.sum(axis=1).max()) if inside.size else 0
+    out = np.full((len(tab.cnt), max(width, 1)), len(tab.size), dtype=np.int64)
+    for r, row in enumerate(inside):
+        cols = np.flatnonzero(row)
+        out[r, : len(cols)] = cols
+    return out
+
+
+class _PairCosts:
+    """f(J minus I) for many pairs of ideals I <= J at once, from per-ideal tables.
+
+    A tensor crosses S = J minus I exactly when S holds some but not all of its members
+    (producer and consumers), and #members in S = #in J - #in I. A crossing tensor has a member
+    in S and one in I or outside J, so it is on the frontier of I or of J (some but not all
+    members inside): io(S) = sum over t on I's frontier of [#in J > #in I] + sum over t on J's
+    frontier of [#in I = 0] (a tensor on both frontiers counts in the first sum only: it has a
+    member in I). The tensors of free nodes are left to :class:`_ComponentPrices`. Parameters:
+    single-user ones by prefix sums, shared ones when #users in J > #users in I."""
+
+    def __init__(
+        self, g: Graph, cluster: Cluster, ideals: np.ndarray, ms: _MemberSets, free: np.ndarray
+    ):
+        self.g, self.c, self.ideals = g, cluster, ideals
+        main_only = np.ones(g.num_tensors, dtype=bool)
+        for t, s in zip(ms.ts.tolist(), ms.sets, strict=True):
+            main_only[t] = not free[s].any()
+        tab = _tensor_table(g, cluster, ideals, ms, main_only)
+        self.front = _frontiers(tab)
+        pad = np.zeros((len(ideals), 1), dtype=tab.cnt.dtype)
+        self.cnt = np.hstack([tab.cnt, pad])  # the padding column: never inside, io 0
+        self.io = np.r_[tab.io, 0.0]
+        self.work = ideals.astype(np.float64) @ g.work
+        users = np.diff(g.p_ptr)
+        own = np.zeros(g.n)
+        single = np.flatnonzero(users == 1)
+        np.add.at(own, g.p_users[g.p_ptr[single]], g.p_size[single])
+        self.own = ideals.astype(np.float64) @ own  # parameters with one user: prefix sums
+        self.shared = np.flatnonzero(users > 1)
+        spans = [np.arange(g.p_ptr[p], g.p_ptr[p + 1]) for p in self.shared.tolist()]
+        members = g.p_users[np.concatenate(spans)] if spans else np.zeros(0, np.int64)
+        self.users = _counts(ideals, members, np.r_[0, np.cumsum(users[self.shared])])
+        self.mem = math.isfinite(cluster.fast_memory) or cluster.capacity is not None
+
+    def io_of(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        fi, fj = self.front[lo], self.front[hi]
+        lo2, hi2 = lo[:, None], hi[:, None]
+        from_i = self.cnt[hi2, fi] > self.cnt[lo2, fi]
+        from_j = self.cnt[lo2, fj] == 0
+        return (self.io[fi] * from_i).sum(axis=1) + (self.io[fj] * from_j).sum(axis=1)
+
+    def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        g, c = self.g, self.c
+        f = self.work[hi] - self.work[lo] + self.io_of(lo, hi)
+        if not self.mem:
+            return f
+        params = self.own[hi] - self.own[lo]
+        if len(self.shared):
+            used = (self.users[hi] - self.users[lo]) > 0
+            params = params + used.astype(np.float64) @ g.p_size[self.shared]
+        peak = np.zeros(len(lo))
+        if g.act.any():
+            S = self.ideals[hi] & ~self.ideals[lo]
+            peak = (S * g.act).max(axis=1)
+        if math.isfinite(c.fast_memory):
+            f = f + np.maximum(0.0, params + peak - c.fast_memory) / c.slow_memory_bandwidth
+        if c.capacity is not None:
+            f = np.where(params + peak > c.capacity * (1 + 1e-12), np.inf, f)
+        return f
+
+
+@dataclass
+class _ComponentPrices:
+    """One free component: how many nodes of its tensors each ideal holds (``touch``), its
+    tensors (``tab``), how many members of each every non-empty subset A of the component is
+    (``add``), and work(A)."""
+
+    touch: np.ndarray
+    tab: _TensorTable
+    add: np.ndarray
+    work: np.ndarray
+
+
+def _component_prices(
+    g: Graph, cluster: Cluster, ideals: np.ndarray, ms: _MemberSets, comp: FreeComponent
+) -> _ComponentPrices:
+    tab = _tensor_table(g, cluster, ideals, ms, comp.tensors)
+    sets = [ms.sets[i] for i in np.flatnonzero(comp.tensors[ms.ts]).tolist()]
+    subsets = _subsets(comp.nodes)
+    add = np.zeros((len(subsets), len(tab.ts)), dtype=np.int64)
+    for s, A in enumerate(subsets):
+        add[s] = [len(np.intersect1d(m, A)) for m in sets]
+    touch = ideals[:, comp.touch].sum(axis=1)
+    work = np.array([float(g.work[A].sum()) for A in subsets])
+    return _ComponentPrices(touch, tab, add, work)
+
+
+def _free_part(cp: _ComponentPrices, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The io of the component's tensors when no free node joins the block J minus I, or less
+    when some subset A of the component joins it with its work: min(io, min over A of
+    work(A) + io with A). Zero for blocks without a node of those tensors."""
+    out = np.zeros(len(lo))
+    rows = np.flatnonzero(cp.touch[hi] > cp.touch[lo])
+    if not len(rows) or not len(cp.tab.ts):
+        return out
+    d = cp.tab.cnt[hi[rows]] - cp.tab.cnt[lo[rows]]
+    size, io = cp.tab.size, cp.tab.io
+    best = ((d > 0) & (d < size)).astype(np.float64) @ io
+    for s in range(len(cp.work)):
+        d2 = d + cp.add[s]
+        best = np.minimum(best, cp.work[s] + ((d2 > 0) & (d2 < size)).astype(np.float64) @ io)
+    out[rows] = best
+    return out
+
+
+class _Pricer:
+    """The relaxed cost g(J minus I) of pairs of ideals: f of the main nodes plus, for each
+    free component, the cheaper of leaving it out and taking a subset of it in."""
+
+    def __init__(self, g: Graph, cluster: Cluster, split: FreeSplit, ideals: np.ndarray):
+        ms = _member_sets(g)
+        self.pc = _PairCosts(g, cluster, ideals, ms, ~split.main)
+        self.comps = [_component_prices(g, cluster, ideals, ms, c) for c in split.components]
+
+    def price(self, pairs: _Pairs, deadline: float) -> None:
+        for s in range(0, len(pairs.lo), PAIR_CHUNK):
+            if time.perf_counter() > deadline:
+                raise _timeout(f"pricing the blocks ({s:,} of {len(pairs.lo):,})")
+            lo, hi = pairs.lo[s : s + PAIR_CHUNK], pairs.hi[s : s + PAIR_CHUNK]
+            f = self.pc(lo, hi)
+            for cp in self.comps:
+                f = f + _free_part(cp, lo, hi)
+            pairs.cost[s : s + PAIR_CHUNK] = f
+
+
+def _merge(a: _Pairs, b: _Pairs) -> _Pairs:
+    """The pairs of both, ``hi`` ascending."""
+    hi = np.r_[a.hi, b.hi]
+    order = np.argsort(hi, kind="stable")
+    return _Pairs(np.r_[a.lo, b.lo][order], hi[order], np.r_[a.cost, b.cost][order])
+
+
+def _chain_dp(pairs: _Pairs, N: int, k: int) -> tuple[float, list[int]]:
+    """min over chains {} = I0 <= ... <= Ik = V (equal steps: empty blocks) of the largest
+    step cost, and the pairs of one optimal chain (-1 for an empty block), first block first."""
+    dp = np.full(N, math.inf)
+    dp[0] = 0.0
+    back = np.full((k + 1, N), -1, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, np.diff(pairs.hi) != 0]) if len(pairs.hi) else []
+    starts = np.asarray(starts, dtype=np.int64)
+    group = np.cumsum(np.r_[False, np.diff(pairs.hi) != 0]) if len(pairs.hi) else starts
+    hs = pairs.hi[starts]
+    for j in range(1, k + 1):
+        val = np.maximum(dp[pairs.lo], pairs.cost)
+        new = dp.copy()
+        if len(val):
+            m = np.minimum.reduceat(val, starts)
+            first = np.flatnonzero(val <= m[group])
+            _, at = np.unique(group[first], return_index=True)
+            better = m < new[hs]
+            new[hs[better]] = m[better]
+            back[j, hs[better]] = first[at][better]
+        dp = new
+    chain, r = [], N - 1
+    for j in range(k, 0, -1):
+        p = int(back[j, r])
+        chain.append(p)
+        if p >= 0:
+            r = int(pairs.lo[p])
+    return float(dp[N - 1]), chain[::-1]
+
+
+@dataclass(frozen=True)
+class _Move:
+    """Where a move puts free nodes, and the plan's (largest, summed) block cost after it."""
+
+    block: int
+    worst: float
+    total: float
+
+
+def _block_rows(a: np.ndarray, k: int) -> np.ndarray:
+    return np.arange(k)[:, None] == a[None, :]
+
+
+def _best_move(cost: _BlockCosts, a: np.ndarray, nodes: np.ndarray, k: int) -> _Move:
+    """The block that ``nodes`` (free, moved together) make the plan cheapest on, by (largest
+    block cost, sum of block costs); nodes with a = -1 are left out of every block."""
+    moved = a.copy()
+    moved[nodes] = -1
+    rows = np.repeat(_block_rows(moved, k)[None], k, axis=0)  # option b, block j
+    for b in range(k):
+        rows[b, b, nodes] = True
+    f = cost(rows.reshape(k * k, -1)).reshape(k, k)
+    worst, total = f.max(axis=1), f.sum(axis=1)
+    b = int(np.lexsort((total, worst))[0])
+    return _Move(b, float(worst[b]), float(total[b]))
+
+
+def place_free(
+    g: Graph, cluster: Cluster, split: FreeSplit, a_main: np.ndarray, k: int
+) -> np.ndarray:
+    """A plan from a chain of main blocks (``a_main``, -1 on free nodes): each free component on
+    the block that makes the plan cheapest (heaviest components first), then single free nodes
+    moved while that lowers (largest, summed) block cost."""
+    cost = _BlockCosts(g, cluster)
+    a = a_main.copy()
+    comps = sorted(split.components, key=lambda c: -float(g.work[c.nodes].sum()))
+    for comp in comps:
+        a[comp.nodes] = _best_move(cost, a, comp.nodes, k).block
+    singles = [np.array([v]) for c in comps for v in c.nodes.tolist()]
+    for _ in range(4):
+        moved = False
+        for v in singles:
+            f = cost(_block_rows(a, k))
+            mv = _best_move(cost, a, v, k)
+            if (mv.worst, mv.total) < (float(f.max()), float(f.sum())) and mv.block != a[v[0]]:
+                a[v] = mv.block
+                moved = True
+        if not moved:
+            break
+    return a
+
+
+def _main_assignment(ideals: np.ndarray, pairs: _Pairs, chain: list[int], n: int) -> np.ndarray:
+    """Block j of the chain's main nodes (-1 elsewhere)."""
+    a = np.full(n, -1, dtype=np.int64)
+    for j, p in enumerate(chain):
+        if p >= 0:
+            a[ideals[pairs.hi[p]] & ~ideals[pairs.lo[p]]] = j
+    return a
+
+
+@dataclass
+class _Window:
+    """The DP's result over the pairs whose work is at most ``lim``: exact for the relaxed
+    problem when ``best <= lim`` or when no pair was left out."""
+
+    pairs: _Pairs
+    lim: float
+    best: float
+    chain: list[int]
+
+
+def _relaxed_optimum(
+    g: Graph, ideals: np.ndarray, pricer: _Pricer, k: int, upper: float, deadline: float
+) -> _Window:
+    """The relaxed optimum (or proof that it is at least ``upper``): the DP over the pairs
+    whose work fits a window, widened (1.5 times, or to the best chain found) until the best
+    chain fits it. A chain with a block outside the window costs more than the window."""
+    work = ideals.astype(np.float64) @ g.work
+    total = float(work[-1] - work[0])
+    lim = upper * (1 + EPS) if math.isfinite(upper) else total / k * 1.05
+    win = _Window(_Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)), -1.0, 0, [])
+    while True:
+        new = _pair_list(ideals, work, win.lim, lim, deadline)
+        pricer.price(new, deadline)
+        pairs = _merge(win.pairs, new)
+        best, chain = _chain_dp(pairs, len(ideals), k)
+        win = _Window(pairs, lim, best, chain)
+        if best <= lim or lim >= total or math.isfinite(upper):
+            return win
+        lim = min(best, lim * 1.5)
+
+
+def solve_ideals(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    upper: float = math.inf,
+    time_limit: float = math.inf,
+    max_ideals: int = 50_000,
+) -> IdealsResult:
+    """The DP over the ideals of the main nodes with the free nodes' relaxed prices: a proven
+    lower bound for every plan of ``g`` (a coarse graph) on k blocks, and a plan; optimal when
+    they meet (always when there are no free nodes). ``upper``: the cost of a known plan (it
+    only prunes blocks). Raises :class:`IdealTimeout` at the time limit and ``MtppError`` past
+    ``max_ideals`` main ideals."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    split = split_free(g)
+    ideals = enumerate_ideals(g, max_ideals, deadline, among=split.main)
+    pricer = _Pricer(g, cluster, split, ideals)
+    win = _relaxed_optimum(g, ideals, pricer, k, upper, deadline)
+    res = IdealsResult(lower=min(win.best, upper) * (1 - EPS))
+    res.stats = {
+        "ideals": len(ideals),
+        "free_nodes": int(sum(len(c.nodes) for c in split.components)),
+        "pairs": len(win.pairs.lo),
+        "dp_seconds": round(time.perf_counter() - t0, 3),
+    }
+    if math.isfinite(win.best):
+        a_main = _main_assignment(ideals, win.pairs, win.chain, g.n)
+        a = place_free(g, cluster, split, a_main, k)
+        res.value = float(evaluate(g, cluster, a, k=k).objective)
+        res.assignment = a
+    res.stats["seconds"] = round(time.perf_counter() - t0, 3)
+    return res
