@@ -382,6 +382,15 @@ def joint_markdown(rows: list[dict]) -> str:
     plans' stages and the joint simulator's check of each."""
     groups = _joint_groups(rows)
     spaces = [s for s in JOINT_ORDER if any(s in by for by in groups.values())]
+    lines = _joint_table(groups, spaces)
+    lines += _bound_coverage(rows, spaces)
+    lines += _wins_section(rows, groups, spaces)
+    return "\n".join(lines) + "\n"
+
+
+def _joint_table(groups: dict[tuple, dict[str, dict]], spaces: list[str]) -> list[str]:
+    """The heading, the table of the spaces' periods (one row per model, cluster and memory
+    limit) and the footnotes of the runs without a plan."""
     lines = [
         "## Pipeline vs sharding vs joint plans",
         "",
@@ -398,77 +407,95 @@ def joint_markdown(rows: list[dict]) -> str:
         + " | best | joint vs best other | universal bound |",
         "|---|---|---|---|" + "---|" * (len(spaces) + 3),
     ]
-    errors = []
+    errors: list[str] = []
     for (graph, cluster, memory), by in groups.items():
         objs = {s: _obj(by.get(s)) for s in spaces}
         best = min((v for v in objs.values() if v is not None), default=None)
-        cells = []
-        for s in spaces:
-            r = by.get(s)
-            if r is None:
-                cells.append("-")
-            elif objs[s] is None:
-                cells.append(f"{r['status']} [{len(errors) + 1}]")
-                errors.append(f"[{len(errors) + 1}] {graph}, {s}: {r.get('error') or r['status']}")
-            else:
-                gap = r.get("gap")
-                gap_text = f"gap {gap:.1%}" if gap is not None else "no bound"
-                cells.append(f"{objs[s]:.4g} (x{objs[s] / best:.3f}, {gap_text})")
+        cells = [_space_cell(graph, s, by.get(s), objs[s], best, errors) for s in spaces]
         if best is None:
             win = "-"
         else:
             win = " = ".join(
                 s for s in spaces if objs[s] is not None and objs[s] <= best * (1 + SAME)
             )
-        vs = "-"
-        others = [objs[s] for s in spaces if s != "joint" and objs[s] is not None]
-        if objs.get("joint") is not None and others:
-            ratio = min(others) / objs["joint"]
-            if abs(ratio - 1) <= SAME:
-                vs = "equal"
-            else:
-                vs = f"{ratio:.3f}x " + ("faster" if ratio > 1 else "slower")
-        elif objs.get("joint") is not None and any(s in by for s in spaces if s != "joint"):
-            vs = "only joint fits"
-        ubs = [r["universal_bound"] for r in by.values() if r.get("universal_bound") is not None]
-        ub = max(ubs, default=None)
-        ub_text = (
-            "-"
-            if ub is None
-            else f"{ub:.4g}" + (f" (best {(best - ub) / best:.1%} above)" if best else "")
-        )
         weights = next((r.get("weight_bytes") for r in by.values() if r.get("weight_bytes")), None)
         w_text = "-" if weights is None else f"{weights / 1e6:.3g} MB"
         lines.append(
             f"| {graph} | {w_text} | {cluster} | {memory or 'device capacity'} | "
             + " | ".join(cells)
-            + f" | {win} | {vs} | {ub_text} |"
+            + f" | {win} | {_joint_vs_others(objs, by, spaces)} | {_universal_text(by, best)} |"
         )
     if errors:
         lines += ["", *errors]
-    lines += ["", "Which plans each space's bound covers:", ""]
+    return lines
+
+
+def _space_cell(
+    graph: str, space: str, r: dict | None, obj: float | None, best: float | None, errors: list
+) -> str:
+    """One space's cell of the joint table; a run without a plan gets a footnote in
+    ``errors``."""
+    if r is None:
+        return "-"
+    if obj is None:
+        errors.append(f"[{len(errors) + 1}] {graph}, {space}: {r.get('error') or r['status']}")
+        return f"{r['status']} [{len(errors)}]"
+    gap = r.get("gap")
+    gap_text = f"gap {gap:.1%}" if gap is not None else "no bound"
+    return f"{obj:.4g} (x{obj / best:.3f}, {gap_text})"
+
+
+def _joint_vs_others(objs: dict[str, float | None], by: dict[str, dict], spaces: list) -> str:
+    """The joint plan against the better of the pure spaces: a speed-up, equal, or the only
+    plan that fits."""
+    others = [objs[s] for s in spaces if s != "joint" and objs[s] is not None]
+    if objs.get("joint") is not None and others:
+        ratio = min(others) / objs["joint"]
+        if abs(ratio - 1) <= SAME:
+            return "equal"
+        return f"{ratio:.3f}x " + ("faster" if ratio > 1 else "slower")
+    if objs.get("joint") is not None and any(s in by for s in spaces if s != "joint"):
+        return "only joint fits"
+    return "-"
+
+
+def _universal_text(by: dict[str, dict], best: float | None) -> str:
+    """The bound valid for every joint plan of the row, with the best plan's gap to it."""
+    ubs = [r["universal_bound"] for r in by.values() if r.get("universal_bound") is not None]
+    ub = max(ubs, default=None)
+    if ub is None:
+        return "-"
+    return f"{ub:.4g}" + (f" (best {(best - ub) / best:.1%} above)" if best else "")
+
+
+def _bound_coverage(rows: list[dict], spaces: list[str]) -> list[str]:
+    """Which plans each space's bound covers, one sentence per space and kind of bound."""
+    lines = ["", "Which plans each space's bound covers:", ""]
     for s in spaces:
         sentences = sorted(
             {r["bound_space"] for r in rows if r["space"] == s and r.get("bound_space")}
         )
         for sentence in sentences:
             lines.append(f"- {s}: {sentence}")
+    return lines
+
+
+def _wins_section(
+    rows: list[dict], groups: dict[tuple, dict[str, dict]], spaces: list[str]
+) -> list[str]:
+    """How often the joint plan beats both pure spaces (with the simulator agreeing), then
+    every plan's stages and simulated period."""
     wins = joint_wins(rows)
-    lines += [
+    listed = "; ".join(
+        f"{w['graph']} on {w['cluster']}, memory {w['memory'] or 'capacity'}: "
+        + (f"{w['speedup']:.3f}x" if w["speedup"] else "the only plan")
+        for w in wins
+    )
+    lines = [
         "",
         f"Joint strictly faster than both pure pipeline and pure sharding, the simulator "
         f"agreeing with every plan of the row: {len(wins)} of {len(groups)} rows"
-        + (
-            " ("
-            + "; ".join(
-                f"{w['graph']} on {w['cluster']}, memory {w['memory'] or 'capacity'}: "
-                + (f"{w['speedup']:.3f}x" if w["speedup"] else "the only plan")
-                for w in wins
-            )
-            + ")."
-            if wins
-            else "."
-        ),
+        + (f" ({listed})." if wins else "."),
         "",
         "| model | cluster | memory | space | status | stages: devices (mesh) | simulated period |",
         "|---|---|---|---|---|---|---|",
@@ -482,7 +509,7 @@ def joint_markdown(rows: list[dict]) -> str:
                 f"| {graph} | {cluster} | {memory or 'device capacity'} | {s} | {r['status']} | "
                 f"{_stages_text(r)} | {_sim_text(r)} |"
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 JOINT_COLORS = {"pipeline": "tab:blue", "sharding": "tab:orange", "joint": "tab:green"}
