@@ -43,9 +43,32 @@ import numpy as np
 
 from solver.backends.verify import verify_stages
 from solver.core.errors import MtppError, first_line
-from solver.core.graph import Graph
+from solver.core.files import check_output_dir
+from solver.core.graph import Graph, induced_subgraph
 from solver.core.outdir import replace_dir, temp_dir_beside
-from solver.frontends.onnx.ort import external_range, held_bytes, weight_bytes, weights_detail
+from solver.core.units import format_bytes
+from solver.frontends.onnx.common import (
+    CONTROL_FLOW,
+    dtype_bytes,
+    graph_tensors,
+    model_tensors,
+    node_names,
+    node_tensors,
+    subgraph_inputs,
+    subgraphs,
+)
+from solver.frontends.onnx.flops import numel
+from solver.frontends.onnx.load import check_external_paths
+from solver.frontends.onnx.ort import (
+    activation_peak,
+    check_memory,
+    external_range,
+    held_bytes,
+    weight_bytes,
+    weights_detail,
+)
+from solver.frontends.onnx.shapes import complete_shapes, fix_dims
+from solver.frontends.sharding_points import to_sharding_yaml
 
 ALIGN = 4096  # offsets of copied tensors, so that onnxruntime may map them page by page
 CHUNK = 64 << 20  # bytes per copy call
@@ -59,9 +82,7 @@ def onnx_placement(model, g: Graph, assignment: np.ndarray) -> tuple[list[int], 
     (constant) nodes take the smallest device among their readers, so the annotated model
     never sends a tensor backwards.
     """
-    from solver.frontends.onnx.common import node_names as _node_names
-
-    names = _node_names(model)
+    names = node_names(model)
     members = g.hints.get("members")
     if members is None:
         raise MtppError(
@@ -102,9 +123,6 @@ def _value_info(name: str, shapes) -> object:
 
 def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> list[dict]:
     """For every stage: the node indices (statics replicated), inputs, outputs, initializers."""
-    from solver.frontends.onnx.common import CONTROL_FLOW
-    from solver.frontends.onnx.common import subgraph_inputs as _subgraph_inputs
-
     g = model.graph
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
     inits = {t.name for t in g.initializer}
@@ -115,7 +133,7 @@ def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> lis
         node = g.node[i]
         xs = [x for x in node.input if x]
         if node.op_type in CONTROL_FLOW:
-            xs += [x for x in _subgraph_inputs(node) if x not in xs]
+            xs += [x for x in subgraph_inputs(node) if x not in xs]
         return xs
 
     need_later: dict[str, set[int]] = {}
@@ -243,7 +261,7 @@ def _copy_bytes(src: int, dst: int, s: int, d: int, n: int) -> None:
         s, d, n = s + done, d + done, n - done
 
 
-class _DataFiles:
+class DataFiles:
     """The data files of one export: each tensor range copied once per output file.
 
     ``add`` copies one source range into a named output file (created on first use) at the
@@ -301,14 +319,12 @@ def _point(t, location: str, offset: int, length: int) -> None:
         t.external_data.add(key=key, value=str(val))
 
 
-def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
+def write_model(m, path: Path, data: DataFiles, reuse: bool) -> None:
     """Save ``m`` at ``path`` with every external tensor moved into the folder: copied into
     ``<name>.data``, or, with ``reuse``, pointed at a copy another file of the folder holds.
     Then run the ONNX checker on the saved file (by path: external data and > 2 GiB work)."""
     import onnx
     from onnx import TensorProto
-
-    from solver.frontends.onnx.common import model_tensors
 
     own = path.name + ".data"
     try:
@@ -334,9 +350,6 @@ def _write_model(m, path: Path, data: _DataFiles, reuse: bool) -> None:
 
 # ---------------------------------------------------------------------- memory
 def _bytes_of(names, shapes) -> float:
-    from solver.frontends.onnx.common import dtype_bytes
-    from solver.frontends.onnx.flops import numel
-
     total = 0.0
     for x in names:
         shape, et = shapes.get(x, (None, 1))
@@ -355,10 +368,6 @@ def memory_estimate(model, g: Graph, a: np.ndarray, stages: list[dict], shapes) 
     full model, then the stages one at a time holding every boundary tensor; ``run`` holds
     every stage at once (one process each) plus the requests in flight, then the full model.
     """
-    from solver.core.graph import induced_subgraph
-    from solver.frontends.onnx.common import graph_tensors, node_tensors, subgraphs
-    from solver.frontends.onnx.ort import activation_peak
-
     gr = model.graph
     init_by_name = {t.name: t for t in gr.initializer}
     stored, weights = weight_bytes(model)
@@ -394,9 +403,6 @@ def memory_estimate(model, g: Graph, a: np.ndarray, stages: list[dict], shapes) 
 
 def check_estimate(est: dict, which: str, what: str, fix: str) -> None:
     """Refuse (one line, exit 2) when the ``which`` estimate exceeds the available memory."""
-    from solver.core.units import format_bytes
-    from solver.frontends.onnx.ort import check_memory
-
     held = weights_detail(est["weights_stored"], est["weights"])
     detail = f"estimated: {held}; activations {format_bytes(est['activations'])}"
     check_memory(est[which], what, detail, fix)
@@ -435,11 +441,6 @@ def export_plan(
     import onnx
     from onnx import helper
 
-    from solver.core.files import check_output_dir
-    from solver.frontends.onnx.load import check_external_paths
-    from solver.frontends.onnx.shapes import complete_shapes, fix_dims
-    from solver.frontends.sharding_points import to_sharding_yaml
-
     model_path, out_dir = Path(model_path), Path(out_dir)
     check_output_dir(out_dir, [model_path, *inputs], force=force, what="export")
     a = np.asarray(assignment, dtype=np.int64)
@@ -467,7 +468,7 @@ def export_plan(
         before_write(estimate)
 
     tmp = temp_dir_beside(out_dir)
-    data = _DataFiles(model_path.parent, tmp)
+    data = DataFiles(model_path.parent, tmp)
     try:
         files = []
         for st in stages:
@@ -475,7 +476,7 @@ def export_plan(
                 continue
             m = _build_stage(model, st, shapes)
             name = f"stage{st['stage']}.onnx"
-            _write_model(m, tmp / name, data, reuse=False)
+            write_model(m, tmp / name, data, reuse=False)
             files.append(name)
         # the annotated model is the loaded one (no weight bytes in it), annotated in place
         for node, b in zip(model.graph.node, dev, strict=True):
@@ -486,7 +487,7 @@ def export_plan(
             node.attribute.append(
                 helper.make_attribute("__pipeline_stage", stage_of_block.get(int(b), int(b)))
             )
-        _write_model(model, tmp / "annotated.onnx", data, reuse=True)
+        write_model(model, tmp / "annotated.onnx", data, reuse=True)
         data_files = sorted(data.dst)
         data.close()
         (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, place[a], stage))

@@ -28,10 +28,24 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.export import DataFiles, write_model
 from solver.backends.verify import verify_chain, verify_memory
 from solver.core.errors import MtppError, first_line
+from solver.core.files import check_output_dir, json_safe
+from solver.core.outdir import replace_dir, temp_dir_beside
 from solver.frontends.onnx.common import subgraph_inputs
-from solver.spmd.model import ShardModel, Unloaded
+from solver.frontends.onnx.ort import check_memory
+from solver.joint.submesh import sub_cluster
+from solver.spmd.config import (
+    ATTRIBUTE,
+    annotate,
+    attributes_to_metadata,
+    dump_yaml,
+    from_attributes,
+)
+from solver.spmd.model import ShardModel, Unloaded, from_proto, load_model
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.report import plan_dict
 
 STAGE_DIR = "stage_{}"
 
@@ -220,10 +234,6 @@ def stage_programs(plan, sm: ShardModel) -> list[StageProgram]:
     """Every stage's sharded program on its mesh, priced by :func:`solver.spmd.evaluate`
     on the stage's sub-model (``sm`` as :func:`solver.spmd.load_model` read the model) at
     its slowest device's compute (:func:`solver.joint.submesh.sub_cluster`)."""
-    from solver.joint.submesh import sub_cluster
-    from solver.spmd.model import from_proto
-    from solver.spmd.program import Planner, evaluate
-
     check_stages(plan, sm)
     out = []
     for st in plan.stages:
@@ -246,11 +256,6 @@ def stage_programs(plan, sm: ShardModel) -> list[StageProgram]:
 def _written_programs(plan, folder: Path) -> list[StageProgram]:
     """The stages as written: each ``stage_{s}/annotated.onnx`` loaded back (weights from its
     own data file) with the strategies its nodes carry, priced on the stage's mesh."""
-    from solver.joint.submesh import sub_cluster
-    from solver.spmd.config import from_attributes
-    from solver.spmd.model import load_model
-    from solver.spmd.program import Planner, evaluate
-
     out = []
     for st in plan.stages:
         sub = load_model(folder / STAGE_DIR.format(st.index) / "annotated.onnx")
@@ -262,8 +267,6 @@ def _written_programs(plan, folder: Path) -> list[StageProgram]:
 def _fix_scalar_annotations(m, strategies: dict) -> None:
     """Rewrite the annotation of a node whose only data input is a scalar (an If's condition):
     the seed notation ``(())`` reads back as no input at all, ``((),)`` reads back right."""
-    from solver.spmd.config import ATTRIBUTE
-
     for node in m.graph.node:
         if strategies.get(node.name) == ((),):
             for e in node.metadata_props:
@@ -274,20 +277,15 @@ def _fix_scalar_annotations(m, strategies: dict) -> None:
 def _write_stage(model, sm: ShardModel, p: StageProgram, src_dir: Path, folder: Path, status):
     """``annotated.onnx`` (+ its data file), ``strategies.yaml`` and ``plan.json`` of one
     stage; returns the file names and the weight bytes copied."""
-    from solver.backends.export import _DataFiles, _write_model
-    from solver.core.files import json_safe
-    from solver.spmd.config import annotate, dump_yaml
-    from solver.spmd.report import plan_dict
-
     st = p.stage
     folder.mkdir()
     strategies = {op.name: p.program.shardings[op.index].strategy for op in p.sm.ops}
     m = stage_model(model, sm, st)
     annotate(m, strategies, {n.name: i for i, n in enumerate(m.graph.node) if n.name})
     _fix_scalar_annotations(m, strategies)
-    data = _DataFiles(src_dir, folder)
+    data = DataFiles(src_dir, folder)
     try:
-        _write_model(m, folder / "annotated.onnx", data, reuse=False)
+        write_model(m, folder / "annotated.onnx", data, reuse=False)
         files = ["annotated.onnx", *sorted(data.dst)]
     finally:
         data.close()
@@ -320,11 +318,6 @@ def export_joint(
     ``out_dir`` is refused as :func:`check_output_dir` says."""
     import onnx
 
-    from solver.core.files import check_output_dir, json_safe
-    from solver.core.outdir import replace_dir, temp_dir_beside
-    from solver.spmd.config import attributes_to_metadata
-    from solver.spmd.model import load_model
-
     model_path, out_dir = Path(model_path), Path(out_dir)
     given = [model_path, *([plan_path] if plan_path else []), *inputs]
     check_output_dir(out_dir, given, force=force, what="export")
@@ -332,8 +325,6 @@ def export_joint(
     programs = stage_programs(plan, sm)
     needed = verify_memory(sm, programs) if verify else 0.0
     if verify and not verify_memory_ok:
-        from solver.frontends.onnx.ort import check_memory
-
         check_memory(
             needed,
             "--verify (the whole model in onnxruntime, then each stage on its emulated devices)",

@@ -28,9 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.export import check_estimate, export_plan
+from solver.backends.stage_worker import STOP, echo, one_line, stage_worker
 from solver.core.errors import MtppError
+from solver.frontends.onnx.ort import random_inputs
+from solver.frontends.onnx.shapes import fix_dims
 
-_STOP = "mtpp-stop"  # the end-of-run marker (compared by type: items are tuples or arrays)
 MAX_REQUESTS = 1_000_000  # a run pushes every request through real processes: beyond this, refuse
 STALL_SECONDS = 300.0  # no request finished for this long while none failed: give up
 _POLL = 0.05  # seconds between liveness checks while waiting on a queue
@@ -45,46 +48,6 @@ def check_requests(requests: int) -> None:
             f"--requests {requests} is more than this machine can push through real processes "
             f"in a sensible time; use at most {MAX_REQUESTS:,}"
         )
-
-
-def _one_line(e: BaseException) -> str:
-    """An exception as one short line (onnxruntime messages span several)."""
-    text = " ".join(str(e).split()) or "no message"
-    return f"{type(e).__name__}: {text[:400]}"
-
-
-def _stage_worker(
-    index: int, path: str, outputs: list[str], keep_after: list[str], q_in, q_out, q_err
-) -> None:
-    """One stage: read a request, run the session, forward what later stages need.
-
-    Ctrl-C reaches the whole process group; the driver decides what to do, so the stage ignores
-    SIGINT. Any failure goes back to the driver as one line on ``q_err``.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        needs = [i.name for i in sess.get_inputs()]
-        keep = set(keep_after)
-        while True:
-            item = q_in.get()
-            if isinstance(item, str):
-                q_out.put(_STOP)
-                return
-            rid, env = item
-            outs = sess.run(outputs, {x: env[x] for x in needs})
-            env.update(zip(outputs, outs, strict=True))
-            q_out.put((rid, {x: v for x, v in env.items() if x in keep}))
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the driver
-        q_err.put((index, _one_line(e)))
-        q_err.close()
-        q_err.join_thread()
 
 
 @dataclass
@@ -106,7 +69,7 @@ def queue_bandwidth(megabytes: int = 8, repeats: int = 5) -> float:
     """Bytes per second through a multiprocessing queue between two processes."""
     ctx = mp.get_context("spawn")
     q_in, q_out, q_err = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_echo, args=(q_in, q_out), daemon=True)
+    p = ctx.Process(target=echo, args=(q_in, q_out), daemon=True)
     procs = _Processes([p], [q_in, q_out], q_err, ["queue echo"])
     with procs:
         data = np.zeros(megabytes * 2**20, np.uint8)
@@ -119,16 +82,6 @@ def queue_bandwidth(megabytes: int = 8, repeats: int = 5) -> float:
         dt = time.perf_counter() - t0
         procs.stop()
     return 2 * repeats * data.nbytes / dt  # there and back
-
-
-def _echo(q_in, q_out) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        item = q_in.get()
-        if isinstance(item, str):
-            q_out.put(_STOP)
-            return
-        q_out.put(item[:1])
 
 
 class _Processes:
@@ -166,7 +119,7 @@ class _Processes:
     def check(self) -> None:
         """Raise the first failure a child reported, or the death of a silent child."""
         if self.feeder_error is not None:
-            raise MtppError(f"sending a request failed: {_one_line(self.feeder_error)}")
+            raise MtppError(f"sending a request failed: {one_line(self.feeder_error)}")
         try:
             index, message = self.errors.get_nowait()
         except queue.Empty:
@@ -218,7 +171,7 @@ class _Processes:
 
     def stop(self) -> None:
         """Send the stop marker down the chain and wait until it comes out (bounded)."""
-        self.put(0, _STOP)
+        self.put(0, STOP)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if isinstance(self.get(timeout=1.0), str):
@@ -333,9 +286,6 @@ def run_pipeline(
     import onnx
     import onnxruntime as ort
 
-    from solver.frontends.onnx.ort import random_inputs
-    from solver.frontends.onnx.shapes import fix_dims
-
     check_requests(requests)
     stages = [st for st in report["stages"] if st["file"]]
     model = onnx.load(str(model_path), load_external_data=False)
@@ -354,7 +304,7 @@ def run_pipeline(
     window = 4 * len(stages) + 4
     procs = [
         ctx.Process(
-            target=_stage_worker,
+            target=stage_worker,
             daemon=True,
             args=(
                 i,
@@ -404,7 +354,7 @@ def run_pipeline(
         for _ in range(requests):
             sess.run(None, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
-        raise MtppError(f"{model_path}: the unsplit model failed: {_one_line(e)}") from None
+        raise MtppError(f"{model_path}: the unsplit model failed: {one_line(e)}") from None
     single = (time.perf_counter() - t0) / requests
     return RunResult(
         stages=len(stages),
@@ -438,8 +388,6 @@ def run_plan(
     is checked against the memory available, unless ``memory_ok``. Weights in external data
     are copied into the folder (holes skipped) so that every stage session finds them.
     """
-    from solver.backends.export import check_estimate, export_plan
-
     def fits(estimate: dict) -> None:
         if not memory_ok:
             check_estimate(
