@@ -19,9 +19,12 @@ integer count per (bin, type), bins sorted by load; only CP-SAT's INFEASIBLE cou
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from solver.core.sat import new_solver
 
 UNITS = 2**20  # capacity in integer units: rounding loses < (items per bin) / 2^20 of a bin
 MAX_TYPES = 40  # coarser type grouping (still rounding down) above this many distinct types
@@ -112,8 +115,6 @@ def _cpsat_infeasible(p: Packing, k: int, time_limit: float, workers: int) -> bo
     # most bound runs stop before any packing needs CP-SAT
     from ortools.sat.python import cp_model
 
-    from solver.core.sat import new_solver
-
     m = cp_model.CpModel()
     T, cap = len(p.count), p.cap
     counts = []  # counts[b][t]: items of type t in bin b
@@ -159,8 +160,6 @@ def smallest_capacity(
     proves nothing (a packing at ``lo`` leaves nothing above it to prove; used when ``lo``
     is already a proven bound, so a search that cannot pass it costs no more time).
     """
-    import time
-
     t_end = time.perf_counter() + time_limit
     best = lo
     if not hi > lo:

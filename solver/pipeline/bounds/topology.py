@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 
 from solver.core.cluster import Cluster
+from solver.core.cost import lower_bound
 from solver.core.graph import Graph
 from solver.pipeline.bounds.chain_groups import group_chain_bound
 from solver.pipeline.bounds.combine import BoundReport, certified_lower_bound
@@ -20,8 +21,6 @@ RELAXATION_SHARE = 0.75  # of the time limit; the group chains have the rest (at
 def topology_bound(g: Graph, cluster: Cluster, time_limit: float) -> BoundReport:
     """Every bound of docs/bounds.md that holds for every plan on every placement of
     ``cluster``'s blocks on its devices; the value is the largest."""
-    from solver.core.cost import lower_bound
-
     t0 = time.perf_counter()
     flat, speedup = cluster.relaxation()
     fast_g = g if speedup == 1.0 else replace(g, work=g.work / speedup)

@@ -64,7 +64,13 @@ from solver.pipeline.exact.tiebreak import (
     tie_break,
     tie_break_budget,
 )
-from solver.pipeline.placement import best_placement
+from solver.pipeline.placement import (
+    _classes_of,
+    _devices_of,
+    best_placement,
+    device_classes,
+    group_links,
+)
 from solver.pipeline.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL, Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
@@ -198,8 +204,6 @@ class _Model:
         link; ``w_int`` is the work on the fastest device and ``M_plan`` the largest fast
         memory (every block costs at least that, whatever its device: the cuts and the domain
         narrowing stay valid); ``io_int`` the io on the slowest link (0: no io anywhere)."""
-        from solver.pipeline.placement import device_classes, group_links
-
         g, cluster, k = self.g, self.cluster, self.k
         self.classes = cl = device_classes(cluster)
         self.link_bw, self.link_cls = group_links(cluster)
@@ -612,8 +616,6 @@ class _Model:
     def read_placement(self, value) -> np.ndarray:
         """The device of every block in a solution (``value(var)``): each class's devices in
         block order (devices of one class are interchangeable)."""
-        from solver.pipeline.placement import _devices_of
-
         seq = np.array(
             [
                 next(c for c in range(len(self.classes)) if value(self.y[b][c]))
@@ -625,8 +627,6 @@ class _Model:
     def add_placement_hint(self, a: np.ndarray, devices: np.ndarray) -> None:
         """Hint the placement variables with the values of plan ``a`` (coarse) on
         ``devices``; CP-SAT completes the auxiliary ones."""
-        from solver.pipeline.placement import _classes_of
-
         m, cl = self.m, self.classes
         seq = _classes_of(cl, devices)
         for b in range(self.k):

@@ -31,10 +31,12 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph
 from solver.core.sat import MAX_COEF, new_solver
+from solver.core.units import format_bytes, format_time
 
 TIE_BREAK_SHARE = 0.2  # at most this share of the time left goes to the tie-break ...
 TIE_BREAK_MAIN_SHARE = 0.5  # ... and at most this share of the main solve's seconds ...
 TIE_BREAK_MIN_SECONDS = 0.1  # ... or this, when the main solve was faster
+
 
 @dataclass
 class Candidate:
@@ -150,8 +152,6 @@ def tie_break(
 def _summary(first: Candidate, final: Candidate, stages: list[str], seconds: float) -> str:
     """One line for people; "proven" only when the transfer stage proved its optimum, and when
     it did not, what the stop left: the transfer found, not proven least."""
-    from solver.core.units import format_bytes, format_time
-
     proven = bool(stages) and stages[0] == "transfer OPTIMAL"
     if final is first or not final.better_than(first):
         if proven:
