@@ -31,7 +31,8 @@ from solver.core.graph import MAX_NAME_CHARS, Graph
 Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 NodeId = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 Flag = Annotated[bool, Field(strict=True)] | Literal[0, 1]
-_KEEP_OTHER_KEYS = ConfigDict(extra="ignore")  # cpuLatency, layerId, ... are not used
+# cpuLatency, layerId, ... are not used; defer_build: validators built on first use (start-up)
+_KEEP_OTHER_KEYS = ConfigDict(extra="ignore", defer_build=True)
 
 
 class _Node(BaseModel):

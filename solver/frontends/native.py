@@ -26,7 +26,8 @@ VERSION = 1
 # NaN, infinities and integers too large for a float are refused too.
 Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_NAME_CHARS)]
-_STRICT = ConfigDict(extra="forbid", strict=True)
+# defer_build: the validators are built on the first graph file read, not at import (start-up)
+_STRICT = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
 
 class _Node(BaseModel):
@@ -40,7 +41,7 @@ class _Node(BaseModel):
 
 
 class _Edge(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, defer_build=True)
     src: Name = Field(alias="from")
     dst: Name = Field(alias="to")
     ordered: bool = True
@@ -55,7 +56,7 @@ class _Param(BaseModel):
 
 class _GraphFile(BaseModel):
     # not strict as a whole: an edge may be a JSON list [from, to] (a tuple in lax mode)
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     format: str
     version: Annotated[int, Field(strict=True)] = VERSION
     name: Annotated[str, Field(strict=True, max_length=MAX_NAME_CHARS)] = "graph"
