@@ -37,7 +37,7 @@ import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
-from solver.core.graph import Graph
+from solver.core.graph import Graph, coarse_view
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def evaluate(
     it matters only on a cluster that is not homogeneous. Does not check precedence or
     capacity; see :func:`validate`.
 
-    >>> from solver.core.graph import Graph
+    >>> from solver.core.graph import Graph, coarse_view
     >>> from solver.core.cluster import Cluster
     >>> g = Graph.build(["a", "b"], [1.0, 2.0], [4.0, 0.0], [(0, 1)])
     >>> ev = evaluate(g, Cluster("c", 2, link_bandwidth=2.0), [0, 1])
@@ -353,8 +353,6 @@ def lower_bound(g: Graph, cluster: Cluster, k: int | None = None) -> float:
       bound. It is computed on the coarse view (co-location groups merged), where it is
       stronger and still holds for every valid plan.
     """
-    from solver.core.graph import coarse_view
-
     k = cluster.devices if k is None else k
     if not cluster.homogeneous:
         return _lower_bound_on_topology(g, cluster, k)
@@ -378,8 +376,6 @@ def _lower_bound_on_topology(g: Graph, cluster: Cluster, k: int) -> float:
     - The neighbourhood bound of every node on the most favourable device and link: work
       divided by the largest speed, the largest fast memory, the fastest link.
     """
-    from solver.core.graph import coarse_view
-
     memory, _, compute = cluster.device_arrays()
     if k > cluster.devices:
         raise MtppError(
