@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from solver.core.cluster import Cluster
 from solver.core.cost import lower_bound
 from solver.core.graph import Graph
+from solver.core.result import meets_target
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
 from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
@@ -17,7 +18,6 @@ from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
 from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
 from solver.pipeline.dp.chain_ideals import ideal_chain
-from solver.pipeline.plan import meets_target
 
 # share of the time limit each CP-SAT packing bound may spend; the chains without io are
 # instant and the chains with io take the rest
@@ -83,7 +83,7 @@ class _BoundRun:
 
     def met(self) -> bool:
         """True when the best bound meets the incumbent
-        (:func:`solver.pipeline.plan.meets_target`)."""
+        (:func:`solver.core.result.meets_target`)."""
         return meets_target(self.target, self.best)
 
     def skip_rest(self, names: tuple[str, ...]) -> None:

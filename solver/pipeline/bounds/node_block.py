@@ -26,7 +26,7 @@ from networkx.algorithms.flow import boykov_kolmogorov
 from solver.core.cluster import Cluster
 from solver.core.cost import overflow, own_param_bytes
 from solver.core.graph import Graph, coarse_view
-from solver.pipeline.plan import meets_target
+from solver.core.result import meets_target
 
 # a max-flow in floating point may overshoot the exact cut by rounding: the value reported is
 # shrunk by this relative slack so the bound never exceeds the optimum through rounding

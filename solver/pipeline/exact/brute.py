@@ -15,7 +15,8 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
-from solver.pipeline.plan import ALL_PLACEMENTS, INFEASIBLE, OPTIMAL, Plan, make_plan
+from solver.core.result import ALL_PLACEMENTS, INFEASIBLE, OPTIMAL
+from solver.pipeline.plan import Plan, make_plan
 
 MAX_PLANS = 3_000_000
 

@@ -57,6 +57,7 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.core.result import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 from solver.core.sat import MAX_COEF, new_solver, search_params
 from solver.pipeline.exact.tiebreak import (
     TIE_BREAK_MIN_SECONDS,
@@ -71,7 +72,7 @@ from solver.pipeline.placement import (
     device_classes,
     group_links,
 )
-from solver.pipeline.plan import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL, Plan, make_plan
+from solver.pipeline.plan import Plan, make_plan
 
 TARGET_RANGE = 1e12  # total cost scaled to at most this many integer units
 BUILD_SHARE = 0.8  # share of the time limit the model build may take before it gives up
@@ -975,7 +976,8 @@ def solve_cpsat(
     stats["resolution"] = model.resolution
     # CP-SAT's proof covers the rounded model: its plan is optimal within the rounding error
     proven = status == cp_model.OPTIMAL
-    plan = make_plan(
+    # make_plan certifies: OPTIMAL only when the bound meets the plan (core.result.certify)
+    return make_plan(
         g,
         cluster,
         a,
@@ -987,9 +989,6 @@ def solve_cpsat(
         resolution=model.resolution if proven else 0.0,
         placement=dev,
     )
-    if plan.status != OPTIMAL:
-        plan.status = FEASIBLE
-    return plan
 
 
 def _plan_meets(
