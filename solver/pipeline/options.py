@@ -14,12 +14,10 @@ import numpy as np
 
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.core.options import check_search_options
 from solver.core.progress import NULL_PROGRESS, Progress
 from solver.core.units import format_bytes
 from solver.pipeline.heuristics.slicing import slice_table_bytes
-
-MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
-MAX_WORKERS = 1024
 
 
 @dataclass(frozen=True)
@@ -176,19 +174,9 @@ def _check_cpsat_params(params: dict) -> None:
 
 
 def check_solve_options(opts: SolveOptions) -> None:
-    """Refuse a time limit, gap, seed or worker count no method can honour."""
-
-    def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-    if not number(opts.time_limit) or opts.time_limit <= 0:
-        raise MtppError(f"--time-limit must be a finite number > 0 seconds, got {opts.time_limit}")
-    if not number(opts.gap) or not 0 <= opts.gap < 1:
-        raise MtppError(f"--gap must be a finite number in [0, 1), got {opts.gap}")
-    if not isinstance(opts.seed, int) or not 0 <= opts.seed <= MAX_SEED:
-        raise MtppError(f"--seed must be an integer in 0..{MAX_SEED}, got {opts.seed}")
-    if not isinstance(opts.workers, int) or not 0 <= opts.workers <= MAX_WORKERS:
-        raise MtppError(f"--workers must be an integer in 0..{MAX_WORKERS}, got {opts.workers}")
+    """Refuse a time limit, gap, seed or worker count no method can honour (the one check:
+    :func:`solver.core.options.check_search_options`)."""
+    check_search_options(opts.time_limit, opts.gap, opts.seed, opts.workers)
 
 
 def memory_budget() -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -194,58 +194,84 @@ def bound_stats(rep, binding: str | None = None, value: float | None = None) -> 
     }
 
 
+@dataclass(frozen=True)
+class BindingBound:
+    """The bound a plan carries: the binding proof's name and value, the status it claims
+    (OPTIMAL: kept only when the value meets the objective) and the rounding resolution of an
+    exact model's proof (0: none)."""
+
+    name: str
+    value: float
+    status: str
+    resolution: float
+
+
 def certify(g: Graph, cluster: Cluster, plan: Plan, rep) -> Plan:
     """``plan`` with the best proven bound: its method's own (an exact method's proof) or the
     certified one, whichever is larger; ``stats["bound"]`` names the binding one. A plan the
-    method could not prove becomes OPTIMAL when the certified bound meets its objective.
+    method could not prove becomes OPTIMAL when the certified bound meets its objective: the
+    status is decided by the one rule, :func:`solver.core.result.certify` (via make_plan).
 
     On a cluster whose devices or links differ, a method's own bound is kept only when it
     covers every plan and placement (``stats["bound_scope"]``, the CP-SAT model with
     placement); a plan over some device's capacity is placed again
     (:func:`solver.pipeline.placement.best_placement`) and refused only when no placement fits.
     """
-    placement = plan.placement
-    if not cluster.homogeneous:
-        bad = validate(g, cluster, plan.assignment, placement=placement)
-        bad = [v for v in bad if v.kind == "capacity"]
-        if bad and plan.method != "manual":
-            placed = place_plan(g, cluster, plan)
-            if placed is None:
-                raise MtppError(
-                    f"{plan.method}'s plan fits no placement of its blocks on the devices of "
-                    f"{cluster.name!r} ({bad[0]}); use more devices or --method cpsat"
-                )
-            plan, placement, bad = placed, placed.placement, []
-        if bad:
-            raise MtppError(
-                f"{plan.method}'s plan does not fit the devices it names ({bad[0]}); "
-                "change the devices in the sharding file"
-            )
-    covers = cluster.homogeneous or plan.stats.get("bound_scope") == ALL_PLACEMENTS
-    own = plan.lower_bound if covers else None
-    # a cpsat plan that stopped on meeting the certified bound rests on that bound's proof
-    met = plan.method == "cpsat" and "stopped" in plan.stats
-    if own is not None and own >= rep.value and not met:
-        binding, bound, status = plan.stats.get("bound_source", plan.method), own, plan.status
-        resolution = float(plan.stats.get("optimal_within", 0.0))
-    else:  # a method's proof within its rounding resolution stays one under a larger bound
-        binding, bound, status = rep.binding, rep.value, OPTIMAL
-        resolution = float(plan.stats.get("optimal_within", 0.0)) if own is not None else 0.0
-        if plan.status != OPTIMAL:
-            resolution = 0.0
+    plan = _on_fitting_devices(g, cluster, plan)
+    bound = binding_bound(cluster, plan, rep)
     stats = dict(plan.stats)
     stats.pop("raw_lower_bound", None)
-    stats["bound"] = bound_stats(rep, binding, bound)
+    stats["bound"] = bound_stats(rep, bound.name, bound.value)
     return make_plan(
         g,
         cluster,
         plan.assignment,
         plan.method,
-        lower_bound=bound,
-        status=status,  # make_plan keeps OPTIMAL only when the bound meets the objective
+        lower_bound=bound.value,
+        status=bound.status,
         wall_seconds=plan.wall_seconds + rep.seconds,
         stats=stats,
         check=False,
-        resolution=resolution,
-        placement=placement,
+        resolution=bound.resolution,
+        placement=plan.placement,
     )
+
+
+def binding_bound(cluster: Cluster, plan: Plan, rep) -> BindingBound:
+    """The larger of ``plan``'s own bound (when it covers every plan of ``cluster``) and the
+    certified report ``rep``; a cpsat plan that stopped on meeting the certified bound rests
+    on that bound's proof."""
+    covers = cluster.homogeneous or plan.stats.get("bound_scope") == ALL_PLACEMENTS
+    own = plan.lower_bound if covers else None
+    met = plan.method == "cpsat" and "stopped" in plan.stats
+    resolution = float(plan.stats.get("optimal_within", 0.0))
+    if own is not None and own >= rep.value and not met:
+        source = plan.stats.get("bound_source", plan.method)
+        return BindingBound(source, own, plan.status, resolution)
+    # a method's proof within its rounding resolution stays one under a larger bound
+    proved = own is not None and plan.status == OPTIMAL
+    return BindingBound(rep.binding, rep.value, OPTIMAL, resolution if proved else 0.0)
+
+
+def _on_fitting_devices(g: Graph, cluster: Cluster, plan: Plan) -> Plan:
+    """``plan`` itself, unless the devices of ``cluster`` differ and it breaks some device's
+    capacity: then its blocks placed again, refused when no placement fits (or when the plan
+    names its devices: manual)."""
+    if cluster.homogeneous:
+        return plan
+    bad = validate(g, cluster, plan.assignment, placement=plan.placement)
+    bad = [v for v in bad if v.kind == "capacity"]
+    if not bad:
+        return plan
+    if plan.method == "manual":
+        raise MtppError(
+            f"{plan.method}'s plan does not fit the devices it names ({bad[0]}); "
+            "change the devices in the sharding file"
+        )
+    placed = place_plan(g, cluster, plan)
+    if placed is None:
+        raise MtppError(
+            f"{plan.method}'s plan fits no placement of its blocks on the devices of "
+            f"{cluster.name!r} ({bad[0]}); use more devices or --method cpsat"
+        )
+    return placed
