@@ -1,9 +1,10 @@
 """A plan: which block (device) every node runs on, with its costs, bound and status.
 
 The status is honest by construction: :func:`make_plan` evaluates the assignment with the one
-evaluator and downgrades OPTIMAL to FEASIBLE unless the lower bound is within 1e-6 (relative) of
-the re-evaluated objective. A bound above the objective (beyond float rounding) is a bug in the
-solver that produced it and raises :class:`InvalidBoundError`; it is never clipped silently.
+evaluator and applies the one status rule, :func:`solver.core.result.certify`: OPTIMAL is
+downgraded to FEASIBLE unless the lower bound is within 1e-6 (relative) of the re-evaluated
+objective, and a bound above the objective (beyond float rounding) is a bug in the solver that
+produced it and raises :class:`InvalidBoundError`; it is never clipped silently.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -47,6 +49,7 @@ PLAN_VERSION = 1
 class Plan:
     """An assignment of nodes to blocks plus everything a user needs to trust it."""
 
+    kind: ClassVar[str] = "pipeline"  # a solver.core.result.Result of the pipeline planner
     graph_name: str
     fingerprint: str
     node_names: tuple[str, ...]
