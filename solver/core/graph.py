@@ -119,11 +119,7 @@ class Graph:
         size_a = _costs(sizeout, n, names, "sizeout")
         e = _edge_arrays(edges, ordered, n, names)
         t_ptr, t_cons = _csr(e.src, e.dst, n)
-        if act is None:
-            act_a = size_a.copy()
-            np.add.at(act_a, e.dst, size_a[e.src])
-        else:
-            act_a = _costs(act, n, names, "act")
+        act_a = _default_act(size_a, e) if act is None else _costs(act, n, names, "act")
         p = _param_arrays(params, n)
         g = cls(
             names=names,
@@ -332,6 +328,13 @@ def _edge_arrays(edges, ordered, n: int, names: Sequence[str]) -> _EdgeArrays:
     src, dst = _unique_pairs(e[:, 0], e[:, 1])
     osrc, odst = _unique_pairs(e[ordm, 0], e[ordm, 1])
     return _EdgeArrays(src, dst, osrc, odst)
+
+
+def _default_act(size: FloatArray, e: _EdgeArrays) -> FloatArray:
+    """Each node's output bytes plus those of its distinct data predecessors."""
+    act = size.copy()
+    np.add.at(act, e.dst, size[e.src])
+    return act
 
 
 @dataclass(frozen=True)
