@@ -1,22 +1,34 @@
-"""The ``mtpp`` command line: one module per command, assembled here.
+"""The ``mtpp`` command line: the options of every command in :mod:`solver.cli.parsers`, the
+commands in one module each, assembled here.
 
 Every command takes ``--json`` (one JSON object on stdout, nothing else there). A user mistake
 ends with one line on stderr naming what to fix and exit code 2; an unexpected internal error
 ends with one line naming the file that holds the full trace, and exit code 3.
+
+Start-up: ``mtpp --help`` builds every parser but runs no command, so the parsers import no
+planner, and a command's module (solver.cli.solve, solver.cli.shard, ...) is imported only when
+that command runs (:func:`command_function`, the one place). Each command module then imports
+what it needs at its top (planners, back ends, plan files), without lazy imports of ``solver.*``;
+only external heavy packages (rich, matplotlib, onnx) stay inside the functions that use them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
 import traceback
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from solver.cli import experiment, export, inspect_graph, run, shard, simulate, solve
-from solver.cli.common import CONTROL_CHARS, formatter
+from solver import __version__
+from solver.cli import parsers
+from solver.cli.parsers import formatter
 from solver.core.errors import MtppError
+from solver.core.text import CONTROL_CHARS
 
 EPILOG_MAIN = """\
 examples:
@@ -28,17 +40,36 @@ A GRAPH is an ONNX model (.onnx), an mtpp graph JSON, or a dnn-partitioning JSON
 Run 'mtpp COMMAND --help' for the options of one command.
 """
 
-# (name, add its parser, run it), in the order --help lists them
-COMMANDS = [
-    ("inspect", inspect_graph.add_parser, inspect_graph.cmd_inspect),
-    ("solve", solve.add_solve_parser, solve.cmd_solve),
-    ("evaluate", solve.add_evaluate_parser, solve.cmd_evaluate),
-    ("simulate", simulate.add_parser, simulate.cmd_simulate),
-    ("export", export.add_parser, export.cmd_export),
-    ("run", run.add_parser, run.cmd_run),
-    ("experiment", experiment.add_parser, experiment.cmd_experiment),
-    ("shard", shard.add_parser, shard.cmd_shard),
-]
+
+@dataclass(frozen=True)
+class Command:
+    """One command: its name, what adds its parser, and where it runs (``function`` of the
+    module ``solver.cli.<module>``, imported when the command runs)."""
+
+    name: str
+    add_parser: Callable[[argparse._SubParsersAction], None]
+    module: str
+    function: str
+
+
+# in the order --help lists them
+COMMANDS = (
+    Command("inspect", parsers.add_inspect_parser, "inspect_graph", "cmd_inspect"),
+    Command("solve", parsers.add_solve_parser, "solve", "cmd_solve"),
+    Command("evaluate", parsers.add_evaluate_parser, "evaluate", "cmd_evaluate"),
+    Command("simulate", parsers.add_simulate_parser, "simulate", "cmd_simulate"),
+    Command("export", parsers.add_export_parser, "export", "cmd_export"),
+    Command("run", parsers.add_run_parser, "run", "cmd_run"),
+    Command("experiment", parsers.add_experiment_parser, "experiment", "cmd_experiment"),
+    Command("shard", parsers.add_shard_parser, "shard", "cmd_shard"),
+)
+
+
+def command_function(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command ``name``; its module is imported now (see the top)."""
+    command = next(c for c in COMMANDS if c.name == name)
+    module = importlib.import_module(f"solver.cli.{command.module}")
+    return getattr(module, command.function)
 
 
 EXIT_USER, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 3, 130
@@ -62,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for _, add, _ in COMMANDS:
-        add(sub)
+    for command in COMMANDS:
+        command.add_parser(sub)
     parser.set_defaults(_subparsers=sub.choices)
     return parser
 
@@ -89,20 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return e.code if isinstance(e.code, int) else EXIT_USER
     if args.version:
-        from solver import __version__
-
         print(f"mtpp {__version__}")
         return 0
     if not args.command:
         parser.print_usage()
         return _fail(
-            f"mtpp: error: name a command: {', '.join(n for n, _, _ in COMMANDS)} "
+            f"mtpp: error: name a command: {', '.join(c.name for c in COMMANDS)} "
             "(see mtpp --help)",
             EXIT_USER,
         )
-    run_command = {name: fn for name, _, fn in COMMANDS}[args.command]
     try:
-        code = run_command(args)
+        code = command_function(args.command)(args)
         sys.stdout.flush()  # a closed pipe must surface here, not at interpreter exit
         return code
     except MtppError as e:
@@ -142,8 +170,6 @@ def _internal_error(e: Exception, argv: list[str] | None) -> str:
     first = (str(e).strip().splitlines() or [""])[0][:300]
     head = f"mtpp: internal error: {type(e).__name__}: {first}"
     try:
-        from solver import __version__
-
         fd, path = tempfile.mkstemp(prefix="mtpp-crash-", suffix=".txt")
         with os.fdopen(fd, "w") as fh:
             fh.write(f"mtpp {__version__}\nargv: {sys.argv[:1] + list(argv or sys.argv[1:])}\n\n")

@@ -1,116 +1,25 @@
-"""What every command shares: argument groups, loading graphs and plans, console and JSON."""
+"""What every command shares: loading graphs and clusters, the console, tables and JSON
+(the argument groups are in :mod:`solver.cli.parsers`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
 
+from solver import frontends  # called as frontends.load_graph: tests patch it there
 from solver.core.errors import MtppError
-
-# CONTROL_CHARS and esc live in solver.core.text (both progress bars use them); kept importable here
-from solver.core.text import CONTROL_CHARS as CONTROL_CHARS
-from solver.core.text import esc as esc
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs keep their line breaks (examples stay as written), and a long
-    unindented line (a paragraph) is wrapped to the help width instead of running off screen."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
-
-        lines = []
-        for line in text.splitlines():
-            if len(line) > width and not line.startswith(" "):
-                lines += textwrap.wrap(
-                    line,
-                    width,
-                    initial_indent=indent,
-                    subsequent_indent=indent,
-                    break_on_hyphens=False,
-                )
-            else:
-                lines.append(indent + line)
-        return "\n".join(lines)
-
-
-def formatter(prog: str) -> argparse.HelpFormatter:
-    return _HelpFormatter(prog, max_help_position=32, width=100)
-
+from solver.core.files import json_safe
+from solver.core.text import CONTROL_CHARS as CONTROL_CHARS  # lives in core.text; kept
+from solver.core.text import esc as esc  # importable here
+from solver.core.units import parse_memory
+from solver.frontends.onnx.common import external_locations
 
 MAX_DIM = 2**31 - 1  # an ONNX dimension is an int64, but ORT and numpy shapes stop far below
-
-
-def devices_arg(text: str) -> int:
-    """argparse type of ``--devices``: a whole number from 1 to :data:`MAX_DEVICES`."""
-    from solver.core.cluster import MAX_DEVICES
-
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of devices, got {text!r}"
-        ) from None
-    if not 1 <= k <= MAX_DEVICES:
-        raise argparse.ArgumentTypeError(
-            f"--devices must be >= 1 and at most {MAX_DEVICES}, got {text}"
-        )
-    return k
-
-
-def add_graph_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("graph and cluster")
-    g.add_argument(
-        "--cluster",
-        metavar="PRESET|FILE",
-        help="cluster preset name (ipu-m2000, ipu-pod, ipu-pod16, dgx-a100, dgx-a100-x2) or a "
-        "cluster YAML file; "
-        "default: the cluster a plan records (a cluster given with such a plan must agree with "
-        "it), else what the graph file states, else the ipu-pod preset",
-    )
-    g.add_argument(
-        "--devices",
-        "-k",
-        type=devices_arg,
-        metavar="K",
-        help="number of devices k (overrides the cluster)",
-    )
-    g.add_argument(
-        "--memory",
-        metavar="SIZE",
-        help="hard memory capacity C of every device, e.g. 40GB (overrides the cluster's "
-        "capacity for every method; fast memory M, which prices streaming, is unchanged)",
-    )
-    g.add_argument(
-        "--dim",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="ONNX only: fix a dynamic input dimension, e.g. --dim batch=8 (repeatable)",
-    )
-    g.add_argument(
-        "--work",
-        choices=["roofline", "flops", "measured"],
-        default="roofline",
-        help="ONNX only: node time model (default roofline on the cluster)",
-    )
-
-
-def add_model_and_plan(p: argparse.ArgumentParser) -> None:
-    p.add_argument("graph", metavar="MODEL.onnx", help="the ONNX model the plan was made for")
-    p.add_argument(
-        "plan",
-        metavar="PLAN",
-        help="pipeline plan (mtpp solve --out) or manual-sharding YAML, whatever its file name",
-    )
-
-
-def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 def parse_dims(args: argparse.Namespace) -> dict[str, int]:
@@ -135,8 +44,6 @@ def load_graph_and_cluster(args: argparse.Namespace, default=None):
     """The graph and the cluster: ``--cluster`` if given, else ``default`` (the cluster a plan
     records; for an ONNX model also its roofline), else what the graph file states, else the
     default preset; ``--devices`` and ``--memory`` applied."""
-    from solver.frontends import load_graph, resolve_cluster
-
     dims = parse_dims(args)
     spec = args.cluster if args.cluster is not None or default is None else default
     options = {}
@@ -148,18 +55,16 @@ def load_graph_and_cluster(args: argparse.Namespace, default=None):
             "devices": args.devices,
             "memory_ok": getattr(args, "memory_ok", False),  # mtpp run --memory-ok
         }
-    g = load_graph(args.graph, **options)
+    g = frontends.load_graph(args.graph, **options)
     if args.cluster is None and default is not None:
         cluster = default.with_devices(args.devices)
     else:
-        cluster = resolve_cluster(g, args.cluster, args.devices)
+        cluster = frontends.resolve_cluster(g, args.cluster, args.devices)
     return g, cluster.with_memory(memory_arg(args))
 
 
 def memory_arg(args: argparse.Namespace) -> float | None:
     """``--memory SIZE`` in bytes (None when absent): a finite size > 0, e.g. 40GB."""
-    from solver.core.units import parse_memory
-
     text = getattr(args, "memory", None)
     return None if text is None else parse_memory(text)
 
@@ -170,8 +75,6 @@ PLAIN_WIDTH = 80  # columns of tables written to a pipe or a file
 def console():
     """The console of stdout: a terminal's own width; in a pipe or a file 80 columns (or
     ``$COLUMNS`` when it is set), whatever the size of a terminal elsewhere on the session."""
-    import os
-
     from rich.console import Console
 
     con = Console(highlight=False)
@@ -256,8 +159,6 @@ class ColumnUnit:
 
 def print_json(obj: dict) -> None:
     """Print one JSON object; NaN and infinities become null (JSON has neither)."""
-    from solver.core.files import json_safe
-
     sys.stdout.write(json.dumps(json_safe(obj), indent=1, allow_nan=False))
     sys.stdout.write("\n")
 
@@ -286,6 +187,4 @@ def _external_data_files(model: Path) -> list[Path]:
         m = onnx.load(str(model), load_external_data=False)
     except Exception:  # noqa: BLE001 -- any unreadable model: the loader will say why
         return []
-    from solver.frontends.onnx.common import external_locations
-
     return sorted({model.parent / loc for loc in external_locations(m)})

@@ -4,112 +4,28 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections import Counter
 from pathlib import Path
 
-from solver.cli.common import (
-    add_graph_options,
-    add_json,
-    console,
-    esc,
-    fmt,
-    formatter,
-    input_paths,
-    parse_dims,
-    print_json,
+from solver.backends.export import export_plan
+from solver.backends.export_joint import export_joint
+from solver.cli.common import console, fmt, input_paths, parse_dims, print_json
+from solver.cli.plan_files import (
+    JOINT,
+    command_plan,
+    load_joint,
+    load_pipeline_plan,
+    peek_plan_file,
+    refuse_pipeline_options,
 )
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
+from solver.core.text import esc
 from solver.core.units import format_bytes
 
 
-def add_parser(sub) -> None:
-    """Arguments of ``mtpp export``."""
-    p = sub.add_parser(
-        "export",
-        help="write the sharded ONNX model of a plan (and verify it)",
-        description="Write, into a new folder: annotated.onnx (every node carries "
-        "__ipu_number, the device its block is placed on, and __pipeline_stage, its stage), "
-        "stage{s}.onnx (one model per stage with explicit "
-        "boundary tensors; weights kept in external data are copied, holes skipped, into "
-        "stage{s}.onnx.data, which annotated.onnx references too), sharding.yaml (PopRT-style "
-        "manual sharding that --method manual reads back), stages.json (with the memory "
-        "estimate). The folder appears whole or not at all. An existing "
-        "empty folder is filled; a non-empty one is replaced only with --force.",
-        epilog="examples:\n  mtpp export model.onnx plan.json --out sharded/ --verify\n"
-        "  mtpp export model.onnx --plan joint.json --out stages/ --verify\n\n"
-        "A joint plan (mtpp solve --method joint) is written as one folder per stage, "
-        "stage_{s}/ with annotated.onnx (the stage's sub-model, strategies in metadata_props), "
-        "strategies.yaml and plan.json (its sharded program, as mtpp shard --out writes them), "
-        "plus plan.json, manifest.json and README.txt; --verify runs the stages one after the "
-        "other, each on its emulated devices, and compares every stage's outputs and the "
-        "model's with onnxruntime on the whole model (exit 1 naming the first stage and tensor "
-        "beyond --tolerance, by default 1e-4 x max(1, max |reference|) for float32/float64, "
-        "1e-2 x max(1, max |reference|) for float16/bfloat16, exact for integers and bools).",
-        formatter_class=formatter,
-    )
-    p.add_argument(
-        "graph",
-        metavar="MODEL.onnx",
-        help="the ONNX model the plan was made for (a joint plan may be given alone: it names "
-        "its model)",
-    )
-    p.add_argument(
-        "plan",
-        metavar="PLAN",
-        nargs="?",
-        help="the plan, whatever its file name: a pipeline or a joint plan (mtpp solve --out), "
-        "or a manual-sharding YAML",
-    )
-    p.add_argument(
-        "--plan", dest="plan_option", metavar="PLAN", help="the plan, as an option instead"
-    )
-    p.add_argument(
-        "--out",
-        "-o",
-        required=True,
-        metavar="DIR",
-        help="output folder: new, or empty (a non-empty folder needs --force)",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace an existing non-empty output folder (only once the new one is complete); "
-        "never the current folder, its parents, or a folder holding an input",
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="run the original and the chained stages in onnxruntime on seeded random inputs; "
-        "exit 1 if an output differs in shape or dtype, has NaN, or differs by more than "
-        "--tolerance. It needs about the model's weights plus activations in memory (the "
-        "estimate is printed); when that exceeds the memory available now it refuses, naming "
-        "both, unless --verify-memory-ok",
-    )
-    p.add_argument(
-        "--verify-memory-ok",
-        action="store_true",
-        help="with --verify: run the check even when its memory estimate exceeds the memory "
-        "available (the export itself never reads the weights into memory)",
-    )
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        default=None,
-        metavar="TOL",
-        help="largest absolute difference allowed on every output (default: by the output's "
-        "type: 1e-4 for float32/float64, 1e-2 for float16/bfloat16, where stage and full "
-        "sessions fuse ops differently, exact for integers and bools); the tolerance used "
-        "for each output is in the report",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    add_graph_options(p)
-    add_json(p)
-
-
 def cmd_export(args: argparse.Namespace) -> int:
-    from solver.backends.export import export_plan
-    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan, peek_plan_file
-
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
@@ -180,8 +96,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def tolerance_text(v: dict) -> str:
     """The tolerance of a verify report in a few words: the one given, or the defaults used."""
-    from collections import Counter
-
     if v["tolerance"] is not None:
         return f"tolerance {v['tolerance']:g}"
     used = sorted(Counter(v["tolerance_per_output"].values()).items(), reverse=True)
@@ -207,10 +121,6 @@ def check_verify_options(args: argparse.Namespace) -> None:
 def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
     """One folder per stage (solver.backends.export_joint), optionally verified through the chain;
     ``plan_file`` is the joint plan's :class:`solver.cli.plan_files.PlanFile`."""
-    import sys
-
-    from solver.backends.export_joint import export_joint
-    from solver.cli.plan_files import load_joint, refuse_pipeline_options
 
     refuse_pipeline_options(args, {"--work": "roofline"})
     check_verify_options(args)

@@ -7,38 +7,13 @@ from collections import Counter
 
 import numpy as np
 
-from solver.cli.common import (
-    add_graph_options,
-    add_json,
-    console,
-    esc,
-    fmt,
-    formatter,
-    load_graph_and_cluster,
-    print_json,
-)
-
-
-def add_parser(sub) -> None:
-    """Arguments of ``mtpp inspect``."""
-    p = sub.add_parser(
-        "inspect",
-        help="summarise a graph: nodes, edges, work, parameters, heaviest operators",
-        description="Summarise a graph file: sizes, total work and FLOPs, parameter and "
-        "activation bytes, operator types, and the heaviest operators.",
-        epilog="example:\n  mtpp inspect ../shared/benchmarks/dnn-partitioning/throughput-inputs/"
-        "LayerGraphs/bert24_inference.json --json",
-        formatter_class=formatter,
-    )
-    p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
-    p.add_argument("--top", type=int, default=10, help="heaviest operators to list (default 10)")
-    add_graph_options(p)
-    add_json(p)
+from solver.cli.common import console, fmt, load_graph_and_cluster, print_json
+from solver.core.cost import lower_bound
+from solver.core.text import esc
+from solver.core.units import format_bytes, format_time
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from solver.core.cost import lower_bound
-
     g, cluster = load_graph_and_cluster(args)
     ops = Counter(g.op_types) if g.op_types is not None else Counter()
     top = np.argsort(-g.work, kind="stable")[: max(0, args.top)]
@@ -85,7 +60,6 @@ def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
     from rich import box
     from rich.table import Table
 
-    from solver.core.units import format_bytes, format_time
 
     con.print(f"[bold]graph[/bold] {esc(g.name)}")
     t = Table(show_header=False, box=box.SIMPLE, pad_edge=False)

@@ -5,59 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from solver.cli.common import (
-    add_graph_options,
-    add_json,
-    add_model_and_plan,
-    console,
-    esc,
-    formatter,
-    parse_dims,
-    print_json,
-)
+from solver.backends import simulate  # simulate.simulate: tests patch it there
+from solver.backends.run import check_requests, run_plan
+from solver.cli.common import console, parse_dims, print_json
+from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
+from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
-
-
-def add_parser(sub) -> None:
-    """Arguments of ``mtpp run``."""
-    p = sub.add_parser(
-        "run",
-        help="run a plan for real: one process per stage, joined by queues",
-        description="Export the plan to a temporary folder, run every stage as its own "
-        "process (one onnxruntime session, one thread each) joined by queues, push requests "
-        "through, and report measured throughput and latency next to the simulator's "
-        "prediction (node times measured on this machine, queue bandwidth as the link) and "
-        "next to the unsplit model in one process with the same total threads.",
-        epilog="example:\n  mtpp run models/small/transformer.onnx plan.json --requests 200",
-        formatter_class=formatter,
-    )
-    add_model_and_plan(p)
-    p.add_argument(
-        "--requests",
-        type=int,
-        default=100,
-        help="requests to push, 3 to 1,000,000 (default 100)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument(
-        "--memory-ok",
-        action="store_true",
-        help="run even when the memory estimate (every stage's weights and activations at "
-        "once, then the unsplit model, then the unsplit model profiled for the simulator's "
-        "node times) exceeds the memory available; without it such a run is refused with "
-        "the estimate",
-    )
-    add_graph_options(p)
-    add_json(p)
+from solver.core.text import esc
+from solver.frontends.onnx.reader import load_onnx
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from solver.backends.run import check_requests, run_plan
-    from solver.backends.simulate import simulate
-    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
-    from solver.core.cluster import Cluster
-    from solver.frontends.onnx.reader import load_onnx
-
     if Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
     plan = command_plan(args, "run")
@@ -90,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     devices = int(a.max()) + 1 if placement is None else len(placement)
     here = Cluster("this-machine", devices, link_bandwidth=res.queue_bandwidth)
     # the simulated period settles within a few hundred requests; more only costs time
-    sim = simulate(
+    sim = simulate.simulate(
         measured, here, a, requests=min(max(50, args.requests), 500), placement=placement
     )
     out = {

@@ -5,64 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from solver.cli.common import (
-    CONTROL_CHARS,
-    add_graph_options,
-    add_json,
-    console,
-    esc,
-    formatter,
-    input_paths,
-    print_json,
-    print_list_line,
+from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt, simulate
+from solver.backends.simulate_joint import simulate_joint
+from solver.cli.common import console, input_paths, print_json, print_list_line
+from solver.cli.plan_files import (
+    JOINT,
+    command_plan,
+    load_joint,
+    load_pipeline_plan,
+    refuse_pipeline_options,
 )
 from solver.core.errors import MtppError
 from solver.core.files import check_output_file
-
-
-def add_parser(sub) -> None:
-    """Arguments of ``mtpp simulate``."""
-    p = sub.add_parser(
-        "simulate",
-        help="run a plan through a discrete-event pipeline simulation",
-        description="Simulate requests flowing through the devices of a plan: steady-state "
-        "period, throughput, latency, per-device busy/idle fractions and peak memory from "
-        "liveness. Pipelined without --overlap, the period equals the plan's objective.",
-        epilog="examples:\n  mtpp simulate graph.json plan.json --requests 1000\n"
-        "  mtpp simulate model.onnx plan.json --mode sequential --gantt gantt.png --json\n"
-        "  mtpp simulate joint.json --gantt gantt.png   # stages on sub-meshes (docs/joint.md)",
-        formatter_class=formatter,
-    )
-    p.add_argument(
-        "graph", metavar="GRAPH", help="graph file (.onnx or .json), or a joint plan JSON alone"
-    )
-    p.add_argument(
-        "plan",
-        metavar="PLAN",
-        nargs="?",
-        help="the plan, whatever its file name: a pipeline or joint plan (mtpp solve --out) or "
-        "a manual-sharding YAML; a joint plan may be given alone: it names its model",
-    )
-    p.add_argument("--requests", type=int, default=100, help="requests to push (default 100)")
-    p.add_argument(
-        "--mode",
-        choices=["pipelined", "sequential"],
-        default="pipelined",
-        help="pipelined: devices work on different requests at once; sequential: plain "
-        "sharding, one device busy at a time (default pipelined)",
-    )
-    p.add_argument("--overlap", action="store_true", help="let transfers overlap compute")
-    p.add_argument(
-        "--latency", type=float, metavar="SEC", help="per-message link latency in seconds (>= 0)"
-    )
-    p.add_argument(
-        "--gantt",
-        metavar="FILE.png",
-        help="draw devices x time bars to this file (format from the suffix: png, pdf, svg, ...); "
-        "its folder must exist",
-    )
-    add_graph_options(p)
-    add_json(p)
+from solver.core.text import CONTROL_CHARS, esc
+from solver.core.units import format_bytes, format_time
 
 
 def check_gantt_path(path: str, inputs: list[str]) -> Path:
@@ -91,9 +47,6 @@ def _image_formats() -> set[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt, simulate
-    from solver.cli.plan_files import JOINT, command_plan, load_pipeline_plan
-
     plan = command_plan(args, "simulate")
     if plan.kind == JOINT:
         return cmd_simulate_joint(args, plan)
@@ -134,7 +87,6 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
     from rich import box
     from rich.table import Table
 
-    from solver.core.units import format_bytes, format_time
 
     con.print(
         f"[bold]simulation[/bold]: graph {esc(graph_name)}, {args.requests} requests, "
@@ -167,10 +119,6 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
 # ---------------------------------------------------------------------- joint plans
 def cmd_simulate_joint(args: argparse.Namespace, plan_file) -> int:
     """A joint plan (a :class:`solver.cli.plan_files.PlanFile`) through the joint simulator."""
-    from solver.backends.simulate import check_simulation_size, draw_gantt
-    from solver.backends.simulate_joint import simulate_joint
-    from solver.cli.plan_files import load_joint, refuse_pipeline_options
-
     refuse_pipeline_options(
         args, {"--mode": "pipelined", "--overlap": False, "--latency": None, "--work": "roofline"}
     )
@@ -201,7 +149,6 @@ def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
     from rich import box
     from rich.table import Table
 
-    from solver.core.units import format_bytes, format_time
 
     sim = js.sim
     con.print(
