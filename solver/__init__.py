@@ -2,6 +2,9 @@
 
 The import package is ``solver``; the command-line tool is ``mtpp``. Data flows one way:
 front end -> :class:`Graph` -> solver -> :class:`Plan` -> evaluator / simulator / exporter.
+One call plans with any method, joint included: ``from solver.api import Problem, solve``
+(not imported here: every ``import solver.x`` runs this file, and the planners behind
+:mod:`solver.api` would add about half of this package's import time to each).
 """
 
 from solver.core.cluster import Cluster, load_cluster

@@ -22,7 +22,6 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.options import (
-    METHOD_OPTIONS,
     Incumbent,
     SolveOptions,
     check_memory,
@@ -49,17 +48,16 @@ BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
 # the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
 PROGRESS_METHODS = ("cpsat", "slicegraph")
-# the names the command line and the experiment driver read here
+# read here by the command line, the experiments and the tests (SolveOptions, quick_assignment,
+# check_method_options live in options and runners)
 __all__ = [
     "METHODS",
-    "METHOD_OPTIONS",
     "PROGRESS_METHODS",
     "SolveOptions",
     "bound_stats",
     "certified_bound",
     "certify",
     "check_method_options",
-    "check_solve_options",
     "quick_assignment",
     "solve",
     "warm_incumbent",
