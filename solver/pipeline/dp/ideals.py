@@ -5,10 +5,45 @@ A chain of ideals {} = I0 < I1 < ... < Ik = V gives exactly the plans with an ac
 
     dp[j][I] = min over ideals I' <= I of max(dp[j-1][I'], f(I minus I')).
 
-Exact when it finishes; the number of ideals explodes on wide graphs, so it stops with a clear
-message at ``max_ideals``. Ideals are bitsets (numpy, packed per row for subset tests), block
-costs are evaluated for all candidate I' of one I at once, and pairs whose block work alone
-exceeds an upper bound (the cost of a known plan) are skipped, which keeps it exact.
+Ideals are closed under *order* edges; f(S) counts every data edge (tensor) that crosses S,
+whatever its direction, so data edges that are not order edges (the gradients of a training
+graph) are priced exactly.
+
+:func:`ideal_dp` runs over all ideals (``mtpp solve --method idealdp``). Exact when it
+finishes; the number of ideals explodes on wide graphs, so it stops with a clear message at
+``max_ideals``. Ideals are bitsets (numpy, packed per row for subset tests), block costs are
+evaluated for all candidate I' of one I at once, and pairs whose block work alone exceeds an
+upper bound (the cost of a known plan) are skipped, which keeps it exact.
+
+:func:`solve_ideals` (the exact solver's first attempt on training graphs) handles the nodes
+without any order edge (*free* nodes: a backward node whose co-location class has no forward
+node; 17 on ResNet-50 training, 32 on BERT-12 training), which would double the ideals each.
+It runs over the ideals of the other (*main*) nodes only and prices a block of main nodes M at
+
+    g(M) = f_main(M) + sum over free components c of
+           min(io_c(M), min over A of work(A) + io_c(M + A))
+
+where a component c holds the free nodes that share tensors, io_c counts the tensors that touch
+c, f_main the rest of f (work, the other tensors, the memory terms of M), and A ranges over the
+non-empty subsets of c. *Proof that it is a lower bound.* Take any plan and a block S of it;
+M = S's main nodes, A_c = S's nodes of component c. Each tensor touches at most one component,
+so work(S) + io(S) = work(M) + io_main(M) + sum over c of [work(A_c) + io_c(M + A_c)]; each
+bracket is >= the component's term of g (A_c empty gives io_c(M)); params and peak of S are at
+least those of M, so the overflow and the capacity only grow. Hence f(S) >= g(M). The main
+nodes of the blocks form a chain of main ideals (order edges join main nodes only), so the DP's
+min over chains of max g is at most the plan's cost: a lower bound for every plan (nothing is
+restricted: the free nodes may sit in any block, also one without main nodes). Its optimal
+chain with the free nodes placed on its blocks (:func:`place_free`) is a real plan, evaluated by
+the one evaluator; when its cost meets the bound it is optimal. With no free nodes g = f and the
+DP is exact.
+
+*Block costs of pairs.* A tensor crosses S = J minus I (I <= J ideals) exactly when S holds some
+but not all of its members, and #members in S = #in J - #in I (per-ideal count tables). A
+crossing tensor has a member in S and one in I or outside J, so it lies on the frontier of I or
+of J (some but not all members inside): only frontier tensors are looked at (at most 10 per
+ideal on the BERT training graphs). Pairs are priced only up to a work window: the DP first
+runs on the pairs whose work is at most total work / k (or a known plan's cost), and the window
+widens until the best chain fits it (a chain using a pair outside it costs more).
 """
 
 from __future__ import annotations
@@ -50,25 +85,36 @@ def enumerate_ideals(
     for v in range(g.n):
         for u in idx[ptr[v] : ptr[v + 1]].tolist():
             pred_mask[v] |= 1 << u
-    seen = {0}
+    sptr, sidx = g.succ
+    succs = [[w for w in sidx[sptr[v] : sptr[v + 1]].tolist() if allowed[w]] for v in range(g.n)]
+    # each ideal with the nodes that can join it (all predecessors inside): a new ideal's are
+    # its parent's, less the node that joined, plus that node's successors that now can
+    sources = sum(1 << v for v in np.flatnonzero(allowed).tolist() if pred_mask[v] == 0)
+    seen = {0: sources}
     frontier = [0]
     while frontier:
         nxt = []
+        if time.perf_counter() > deadline:
+            raise IdealTimeout(
+                f"idealdp: time limit reached while enumerating ideals ({len(seen):,} so "
+                "far); use --method cpsat or raise --time-limit"
+            )
         for ideal in frontier:
-            if time.perf_counter() > deadline:
-                raise IdealTimeout(
-                    f"idealdp: time limit reached while enumerating ideals ({len(seen):,} so "
-                    "far); use --method cpsat or raise --time-limit"
-                )
-            for v in np.flatnonzero(allowed).tolist():
-                bit = 1 << v
-                if not ideal & bit and pred_mask[v] & ~ideal == 0:
-                    new = ideal | bit
-                    if new not in seen:
-                        seen.add(new)
-                        nxt.append(new)
-                        if len(seen) > max_ideals:
-                            raise too_many_ideals(max_ideals)
+            addable = rest = seen[ideal]
+            while rest:
+                low = rest & -rest
+                rest ^= low
+                new = ideal | low
+                if new in seen:
+                    continue
+                joined = addable & ~low
+                for w in succs[low.bit_length() - 1]:
+                    if pred_mask[w] & ~new == 0:
+                        joined |= 1 << w
+                seen[new] = joined
+                nxt.append(new)
+                if len(seen) > max_ideals:
+                    raise too_many_ideals(max_ideals)
         frontier = nxt
     ideals = sorted(seen, key=lambda x: (bin(x).count("1"), x))
     mat = np.zeros((len(ideals), g.n), dtype=bool)
@@ -182,7 +228,7 @@ def ideal_dp(
 # co-location class with has no order edge at all (a *free* node; 17 on ResNet-50, 32 on
 # BERT-12), and every ideal with or without it is an ideal, so the ideals multiply by 2 per free
 # node. Instead the DP runs over the ideals of the other (*main*) nodes and prices each block of
-# main nodes M at a relaxed cost (docs/bounds.md, "ideals with free nodes"):
+# main nodes M at a relaxed cost (the module docstring has the proof):
 #
 #     g(M) = f(M) + sum over free components c of min(0, min over A in c of d_c(M, A)),
 #     d_c(M, A) = work(A) + io(M + A) - io(M) over the tensors that touch c,

@@ -39,7 +39,7 @@ CHAIN_PROOF = (
 )
 IDEALS_PROOF = (
     "exact DP over the ideals of the nodes with order edges, the nodes without one priced by a "
-    "relaxation that its plan meets (docs/bounds.md); no CP-SAT search needed"
+    "relaxation that its plan meets (solver/pipeline/dp/ideals.py); no CP-SAT search needed"
 )
 
 
