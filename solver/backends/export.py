@@ -37,7 +37,9 @@ import errno
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -427,8 +429,7 @@ def export_plan(
     """Write the annotated model, the stage models and the sharding YAML; return a report.
 
     ``placement`` (the device of each block, :attr:`solver.pipeline.plan.Plan.placement`) makes a
-    node
-    of block b carry ``__ipu_number = placement[b]`` (``sharding.yaml`` too); its stage stays
+    node of block b carry ``__ipu_number = placement[b]`` (``sharding.yaml`` too); its stage stays
     as it was. None: block b runs on device b.
 
     ``out_dir`` is checked first (:func:`solver.core.files.check_output_dir` with the model and
@@ -438,11 +439,56 @@ def export_plan(
     ``tolerance`` None holds each output to the default of its type
     (:func:`solver.backends.verify.elem_tolerance`).
     """
-    import onnx
-    from onnx import helper
-
     model_path, out_dir = Path(model_path), Path(out_dir)
     check_output_dir(out_dir, [model_path, *inputs], force=force, what="export")
+    lay = _layout(model_path, g, assignment, dims, stage, placement)
+    if verify and not verify_memory_ok:
+        check_estimate(
+            lay.estimate,
+            "verify",
+            "--verify (the full model, then the stages, in onnxruntime)",
+            "pass --verify-memory-ok to run it anyway, or export without --verify",
+        )
+    if before_write is not None:
+        before_write(lay.estimate)
+    tmp = temp_dir_beside(out_dir)
+    data = DataFiles(model_path.parent, tmp)
+    try:
+        report = _write_files(model_path, g, lay, tmp, data)
+        if verify:
+            report["verify"] = verify_stages(model_path, lay.model, tmp, report, tolerance, seed)
+            report["verify"]["memory_estimate"] = lay.estimate["verify"]
+        (tmp / "stages.json").write_text(json.dumps(report, indent=1))
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        data.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+@dataclass
+class _Layout:
+    """What an export writes, worked out before anything is written."""
+
+    model: Any  # the loaded ModelProto, weights by reference (no bytes read)
+    shapes: dict  # tensor name -> (shape, ONNX element type)
+    blocks: np.ndarray  # block of every cost node
+    stage: np.ndarray  # pipeline stage of every cost node
+    place: np.ndarray  # device of every block
+    devices: list[int]  # block of every ONNX node (:func:`onnx_placement`)
+    stages: list[dict]  # :func:`stage_models`
+    estimate: dict  # :func:`memory_estimate`
+
+    @property
+    def k(self) -> int:
+        return int(self.blocks.max()) + 1
+
+
+def _layout(model_path: Path, g: Graph, assignment, dims, stage, placement) -> _Layout:
+    """Load the model (weights by reference), fix its dims and shapes, and cut it into stages."""
+    import onnx  # heavy: onnx
+
     a = np.asarray(assignment, dtype=np.int64)
     stage = a if stage is None else np.asarray(stage)
     k = int(a.max()) + 1
@@ -454,69 +500,58 @@ def export_plan(
     fix_dims(model, dict(dims or {}))
     shapes = complete_shapes(model, model_path.parent)[0]
     dev, static = onnx_placement(model, g, a)
-    stage_of_block = {int(d): int(s) for d, s in zip(a.tolist(), stage.tolist(), strict=True)}
     stages = stage_models(model, dev, static, shapes, k)
     estimate = memory_estimate(model, g, a, stages, shapes)
-    if verify and not verify_memory_ok:
-        check_estimate(
-            estimate,
-            "verify",
-            "--verify (the full model, then the stages, in onnxruntime)",
-            "pass --verify-memory-ok to run it anyway, or export without --verify",
-        )
-    if before_write is not None:
-        before_write(estimate)
+    return _Layout(model, shapes, a, stage, place, dev, stages, estimate)
 
-    tmp = temp_dir_beside(out_dir)
-    data = DataFiles(model_path.parent, tmp)
-    try:
-        files = []
-        for st in stages:
-            if not st["nodes"]:
-                continue
-            m = _build_stage(model, st, shapes)
-            name = f"stage{st['stage']}.onnx"
-            write_model(m, tmp / name, data, reuse=False)
-            files.append(name)
-        # the annotated model is the loaded one (no weight bytes in it), annotated in place
-        for node, b in zip(model.graph.node, dev, strict=True):
-            keep = [x for x in node.attribute if x.name not in ("__ipu_number", "__pipeline_stage")]
-            del node.attribute[:]
-            node.attribute.extend(keep)
-            node.attribute.append(helper.make_attribute("__ipu_number", int(place[b])))
-            node.attribute.append(
-                helper.make_attribute("__pipeline_stage", stage_of_block.get(int(b), int(b)))
-            )
-        write_model(model, tmp / "annotated.onnx", data, reuse=True)
-        data_files = sorted(data.dst)
-        data.close()
-        (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, place[a], stage))
-        report = {
-            "model": str(model_path),
-            "devices": k,
-            "placement": place[:k].tolist(),
-            "stages": [
-                {
-                    "stage": st["stage"],
-                    "file": f"stage{st['stage']}.onnx" if st["nodes"] else None,
-                    "onnx_nodes": len(st["nodes"]),
-                    "inputs": st["inputs"],
-                    "outputs": st["outputs"],
-                }
-                for st in stages
-            ],
-            "graph_outputs": [o.name for o in model.graph.output],
-            "memory": estimate,
-            "data_files": data_files,
-            "weight_bytes_copied": data.copied,
-        }
-        if verify:
-            report["verify"] = verify_stages(model_path, model, tmp, report, tolerance, seed)
-            report["verify"]["memory_estimate"] = estimate["verify"]
-        (tmp / "stages.json").write_text(json.dumps(report, indent=1))
-        replace_dir(tmp, out_dir)
-    except BaseException:
-        data.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return report
+
+def _write_files(model_path: Path, g: Graph, lay: _Layout, tmp: Path, data: DataFiles) -> dict:
+    """``stage{s}.onnx``, ``annotated.onnx`` (with their data files) and ``sharding.yaml``
+    into ``tmp``; returns the report (``stages.json`` without the verify result)."""
+    for st in lay.stages:
+        if st["nodes"]:
+            m = _build_stage(lay.model, st, lay.shapes)
+            write_model(m, tmp / f"stage{st['stage']}.onnx", data, reuse=False)
+    # the annotated model is the loaded one (no weight bytes in it), annotated in place
+    _annotate(lay)
+    write_model(lay.model, tmp / "annotated.onnx", data, reuse=True)
+    data_files = sorted(data.dst)
+    data.close()
+    (tmp / "sharding.yaml").write_text(to_sharding_yaml(g, lay.place[lay.blocks], lay.stage))
+    return {
+        "model": str(model_path),
+        "devices": lay.k,
+        "placement": lay.place[: lay.k].tolist(),
+        "stages": [
+            {
+                "stage": st["stage"],
+                "file": f"stage{st['stage']}.onnx" if st["nodes"] else None,
+                "onnx_nodes": len(st["nodes"]),
+                "inputs": st["inputs"],
+                "outputs": st["outputs"],
+            }
+            for st in lay.stages
+        ],
+        "graph_outputs": [o.name for o in lay.model.graph.output],
+        "memory": lay.estimate,
+        "data_files": data_files,
+        "weight_bytes_copied": data.copied,
+    }
+
+
+def _annotate(lay: _Layout) -> None:
+    """Give every node of the loaded model ``__ipu_number`` (its block's device) and
+    ``__pipeline_stage`` (its block's stage), replacing any it had."""
+    from onnx import helper  # heavy: onnx
+
+    stage_of_block = {
+        int(d): int(s) for d, s in zip(lay.blocks.tolist(), lay.stage.tolist(), strict=True)
+    }
+    for node, b in zip(lay.model.graph.node, lay.devices, strict=True):
+        keep = [x for x in node.attribute if x.name not in ("__ipu_number", "__pipeline_stage")]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        node.attribute.append(helper.make_attribute("__ipu_number", int(lay.place[b])))
+        node.attribute.append(
+            helper.make_attribute("__pipeline_stage", stage_of_block.get(int(b), int(b)))
+        )

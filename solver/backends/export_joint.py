@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -146,39 +147,61 @@ def stage_model(model, sm: ShardModel, stage):
     so strategies match by name. A constant computed from activations (the shape of one)
     becomes an initializer with its folded value.
     """
-    from onnx import helper, numpy_helper
+    cut = _StageCut(stage, _operator_nodes(sm, stage), list(dict.fromkeys(stage.inputs)))
+    _close_over_constants(model, sm, cut)
+    _check_boundary(model, sm, cut)
+    return _stage_graph(model, sm, cut)
 
-    g = model.graph
-    s = stage.index
-    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-    inits = {t.name: t for t in g.initializer}
-    static = _static_nodes(model, sm)
+
+@dataclass
+class _StageCut:
+    """The nodes and weights of one stage's sub-model, as :func:`stage_model` gathers them."""
+
+    stage: Any  # the joint plan's stage
+    operators: dict[int, str]  # node index -> operator name, for the stage's operators
+    inputs: list[str]  # the stage's inputs, each once
+    nodes: set[int] = field(default_factory=set)  # operators and the constant nodes they read
+    inits: dict[str, Any] = field(default_factory=dict)  # initializer protos, by name
+
+
+def _operator_nodes(sm: ShardModel, stage) -> dict[int, str]:
+    """Node index -> name of each of the stage's operators; refuses a name the model lacks."""
     index = {}
     for name in stage.ops:
         op = sm.op_by_name(name)
         if op is None:
-            raise MtppError(f"stage {s}: the model has no operator named {name!r}")
+            raise MtppError(f"stage {stage.index}: the model has no operator named {name!r}")
         index[op.node_index] = name
-    inputs = list(dict.fromkeys(stage.inputs))
-    take, todo = set(index), list(index)
-    used_inits: dict[str, object] = {}
+    return index
+
+
+def _close_over_constants(model, sm: ShardModel, cut: _StageCut) -> None:
+    """Add to ``cut`` every weight and constant node its operators read, transitively; refuse
+    an activation read from outside that is not among the stage's inputs."""
+    from onnx import numpy_helper  # heavy: onnx
+
+    g = model.graph
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    inits = {t.name: t for t in g.initializer}
+    static = _static_nodes(model, sm)
+    cut.nodes, todo = set(cut.operators), list(cut.operators)
     while todo:
         i = todo.pop()
         for x in [*g.node[i].input, *subgraph_inputs(g.node[i])]:  # bodies read outer names
-            if not x or x in inputs or x in used_inits:
+            if not x or x in cut.inputs or x in cut.inits:
                 continue
             p = producer.get(x)
-            if p is not None and p in index:  # made inside the stage
+            if p is not None and p in cut.operators:  # made inside the stage
                 continue
             if x in inits:
-                used_inits[x] = inits[x]
+                cut.inits[x] = inits[x]
             elif p is not None and p in static:
-                if p not in take:
-                    take.add(p)
+                if p not in cut.nodes:
+                    cut.nodes.add(p)
                     todo.append(p)
             elif x in sm.consts and sm.producer.get(x) is None:
                 value = sm.consts[x]
-                used_inits[x] = (
+                cut.inits[x] = (
                     _absent_weight(x, value)
                     if isinstance(value, Unloaded)
                     else numpy_helper.from_array(np.asarray(value), x)
@@ -186,21 +209,35 @@ def stage_model(model, sm: ShardModel, stage):
             else:
                 where = "a model input" if p is None else f"made by {g.node[p].name or p!r}"
                 raise MtppError(
-                    f"stage {s} reads {x!r} ({where}) but does not list it among its inputs"
+                    f"stage {cut.stage.index} reads {x!r} ({where}) but does not list it "
+                    "among its inputs"
                 )
-    for x in inputs:
+
+
+def _check_boundary(model, sm: ShardModel, cut: _StageCut) -> None:
+    """Refuse an input that is not an activation, or an output no operator of the stage makes."""
+    s = cut.stage.index
+    for x in cut.inputs:
         if x not in sm.shapes or x in sm.consts:
             raise MtppError(f"stage {s}: input {x!r} is not an activation of the model")
-    produced = {o for i in index for o in g.node[i].output if o}
-    for x in stage.outputs:
+    produced = {o for i in cut.operators for o in model.graph.node[i].output if o}
+    for x in cut.stage.outputs:
         if x not in produced:
             raise MtppError(f"stage {s}: output {x!r} is not made by one of its operators")
+
+
+def _stage_graph(model, sm: ShardModel, cut: _StageCut):
+    """The sub-model of ``cut``: copies of its nodes (operators under their names), its
+    initializers, and its inputs and outputs with the model's shapes and types."""
+    from onnx import helper  # heavy: onnx
+
+    g = model.graph
     nodes = []
-    for i in sorted(take):
+    for i in sorted(cut.nodes):
         node = type(g.node[i])()
         node.CopyFrom(g.node[i])
-        if i in index:
-            node.name = index[i]
+        if i in cut.operators:
+            node.name = cut.operators[i]
         nodes.append(node)
 
     def info(x: str):
@@ -209,10 +246,10 @@ def stage_model(model, sm: ShardModel, stage):
 
     graph = helper.make_graph(
         nodes,
-        f"{g.name or 'model'}_stage{s}",
-        [info(x) for x in inputs],
-        [info(x) for x in stage.outputs],
-        initializer=list(used_inits.values()),
+        f"{g.name or 'model'}_stage{cut.stage.index}",
+        [info(x) for x in cut.inputs],
+        [info(x) for x in cut.stage.outputs],
+        initializer=list(cut.inits.values()),
     )
     m = helper.make_model(graph, opset_imports=list(model.opset_import))
     m.ir_version = max(model.ir_version, 4)
@@ -274,9 +311,19 @@ def _fix_scalar_annotations(m, strategies: dict) -> None:
                     e.value = "((),)"
 
 
-def _write_stage(model, sm: ShardModel, p: StageProgram, src_dir: Path, folder: Path, status):
+@dataclass
+class _StageFiles:
+    """The files of one stage folder and the weight bytes copied into them."""
+
+    files: list[str]
+    weight_bytes: int
+
+
+def _write_stage(
+    model, sm: ShardModel, p: StageProgram, src_dir: Path, folder: Path, status
+) -> _StageFiles:
     """``annotated.onnx`` (+ its data file), ``strategies.yaml`` and ``plan.json`` of one
-    stage; returns the file names and the weight bytes copied."""
+    stage."""
     st = p.stage
     folder.mkdir()
     strategies = {op.name: p.program.shardings[op.index].strategy for op in p.sm.ops}
@@ -292,9 +339,49 @@ def _write_stage(model, sm: ShardModel, p: StageProgram, src_dir: Path, folder: 
     (folder / "strategies.yaml").write_text(dump_yaml(strategies))
     shard = plan_dict(p.planner, p.program, "joint", status)
     shard.update(stage=st.index, devices=[int(d) for d in st.devices])
-    text = json.dumps(json_safe(shard), indent=1, allow_nan=False)
-    (folder / "plan.json").write_text(text + "\n")
-    return [*files, "strategies.yaml", "plan.json"], data.copied
+    _write_json(folder / "plan.json", shard)
+    return _StageFiles([*files, "strategies.yaml", "plan.json"], data.copied)
+
+
+@dataclass
+class _StagesWritten:
+    """Every stage folder written: the manifest's rows and the weight bytes copied."""
+
+    rows: list[dict]
+    weight_bytes: int
+
+
+def _write_stages(
+    model, sm: ShardModel, programs: list[StageProgram], src_dir: Path, tmp: Path, status
+) -> _StagesWritten:
+    """One folder per stage in ``tmp`` (:func:`_write_stage`), each described by a manifest row."""
+    rows, copied = [], 0
+    for p in programs:
+        st = p.stage
+        name = STAGE_DIR.format(st.index)
+        written = _write_stage(model, sm, p, src_dir, tmp / name, status)
+        copied += written.weight_bytes
+        rows.append(
+            {
+                "stage": st.index,
+                "folder": name,
+                "files": written.files,
+                "devices": [int(d) for d in st.devices],
+                "mesh": list(st.mesh.shape),
+                "ops": len(st.ops),
+                "inputs": list(st.inputs),
+                "outputs": list(st.outputs),
+                "program_time": p.program.objective,
+                "collectives": p.program.collectives(),
+                "memory_per_device": p.program.memory_per_device,
+            }
+        )
+    return _StagesWritten(rows, copied)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """``data`` as strict JSON (numpy values plain, NaN and infinities as null)."""
+    path.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False) + "\n")
 
 
 def export_joint(
@@ -316,7 +403,7 @@ def export_joint(
     before anything is written when :func:`solver.backends.verify.verify_memory` exceeds the
     memory available (unless ``verify_memory_ok``). Returns the manifest (with ``verify``).
     ``out_dir`` is refused as :func:`check_output_dir` says."""
-    import onnx
+    import onnx  # heavy: onnx
 
     model_path, out_dir = Path(model_path), Path(out_dir)
     given = [model_path, *([plan_path] if plan_path else []), *inputs]
@@ -335,47 +422,25 @@ def export_joint(
     attributes_to_metadata(model)
     tmp = temp_dir_beside(out_dir)
     try:
-        stages, copied = [], 0
-        for p in programs:
-            name = STAGE_DIR.format(p.stage.index)
-            files, n = _write_stage(model, sm, p, model_path.parent, tmp / name, plan.status)
-            copied += n
-            st = p.stage
-            stages.append(
-                {
-                    "stage": st.index,
-                    "folder": name,
-                    "files": files,
-                    "devices": [int(d) for d in st.devices],
-                    "mesh": list(st.mesh.shape),
-                    "ops": len(st.ops),
-                    "inputs": list(st.inputs),
-                    "outputs": list(st.outputs),
-                    "program_time": p.program.objective,
-                    "collectives": p.program.collectives(),
-                    "memory_per_device": p.program.memory_per_device,
-                }
-            )
+        written = _write_stages(model, sm, programs, model_path.parent, tmp, plan.status)
         if plan_path is not None:
             shutil.copyfile(plan_path, tmp / "plan.json")
         else:
-            text = json.dumps(json_safe(plan.to_dict()), indent=1, allow_nan=False)
-            (tmp / "plan.json").write_text(text + "\n")
+            _write_json(tmp / "plan.json", plan.to_dict())
         manifest = {
             "format": "mtpp-joint-export",
             "model": str(model_path),
             "plan": "plan.json",
             "cluster": plan.cluster.name,
-            "stages": stages,
+            "stages": written.rows,
             "model_outputs": list(sm.outputs),
-            "weight_bytes_copied": copied,
+            "weight_bytes_copied": written.weight_bytes,
         }
         if verify:
-            written = _written_programs(plan, tmp)
-            manifest["verify"] = verify_chain(plan, sm, written, seed=seed, tolerance=tolerance)
+            stages = _written_programs(plan, tmp)
+            manifest["verify"] = verify_chain(plan, sm, stages, seed=seed, tolerance=tolerance)
             manifest["verify"]["memory_estimate"] = needed
-        text = json.dumps(json_safe(manifest), indent=1, allow_nan=False)
-        (tmp / "manifest.json").write_text(text + "\n")
+        _write_json(tmp / "manifest.json", manifest)
         (tmp / "README.txt").write_text(readme(manifest))
         replace_dir(tmp, out_dir)
     finally:
