@@ -9,11 +9,12 @@ This package reads the ONNX model and never imports the pipeline solvers.
 
 from solver.spmd.mesh import Layout, Mesh, make_mesh, parse_mesh
 from solver.spmd.model import ShardModel, load_model
+from solver.spmd.plan import ShardResult
 from solver.spmd.program import Planner, Program, evaluate
 from solver.spmd.propagate import propagate
 from solver.spmd.redistribute import Redistribution, Step, plan_redistribution
 from solver.spmd.rules import OpSharding, Spec, StrategyError
-from solver.spmd.solve import ShardResult, solve_sharding
+from solver.spmd.solve import solve_sharding
 
 __all__ = [
     "Layout",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.pipeline.plan import OPTIMALITY_TOL
+from solver.core.result import OPTIMALITY_TOL
 from solver.spmd.budget import (
     TimeTables,
     activation_needs,
@@ -161,159 +161,219 @@ def lagrange(
     When the least bytes any plan holds at one step exceed the limit, no plan fits: no bound,
     no plan, and stats "least_memory_bound" says how many bytes every plan needs."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
     try:
-        model = ShardModel(planner, limit, pins, "time", build=False, deadline=deadline)
+        search = _LagrangeSearch.build(planner, limit, pins, t0, time_limit)
+        low = search.least_step_bytes() if search is not None and limit is not None else None
     except DeadlineReached:
         return None
-    if model.infeasible:
+    if search is None:
         return None
+    if low is not None and low > limit:  # no plan fits: the least bytes at one step exceed it
+        return LagrangeResult(-math.inf, None, math.inf, {"least_memory_bound": low})
     try:
-        prob = _Problem(model)
-    except _TooWide:
-        return None
-    sm = planner.sm
-    _wmin, _omin, steps = model.floors()
-    p_floor = max(steps, default=0.0)
-    if limit is not None:  # no plan fits when the least bytes at one step exceed the limit
-        try:
-            low = least_memory(prob, step_memory(model, int(np.argmax(steps))), deadline)
-        except DeadlineReached:
+        _search(search.run, search.budget, limit, t0, time_limit, iterations)
+    except DeadlineReached:
+        if not math.isfinite(search.best_lb):
             return None
-        if low.nbytes > limit:
-            return LagrangeResult(-math.inf, None, math.inf, {"least_memory_bound": low.nbytes})
-    best_lb, best = -math.inf, None
-    stats: dict = {}
-    evaluated = 0
-    plans: list = []
+        search.stats["lagrange_stopped"] = "the time limit passed during variable elimination"
+    search.start_from_leanest()
+    search.mix()
+    return search.result()
 
-    def run(lam: float) -> bool:
+
+@dataclass
+class _Found:
+    """The best plan within the limit so far: its time and strategies."""
+
+    objective: float
+    strategies: dict[str, Strategy]
+
+
+class _LagrangeSearch:
+    """The state the steps of :func:`lagrange` share: the relaxed problem, the best bound
+    (and which bound it is, in ``stats["binding_bound"]``), the best plan that fits, and every
+    plan priced (mixed at the end)."""
+
+    def __init__(self, planner, model: ShardModel, prob: _Problem, limit, t0, time_limit):
+        self.planner, self.model, self.prob, self.limit = planner, model, prob, limit
+        self.t0, self.time_limit, self.deadline = t0, time_limit, t0 + time_limit
+        self.steps = model.floors()[2]
+        self.p_floor = max(self.steps, default=0.0)
+        self.best_lb = -math.inf
+        self.best: _Found | None = None
+        self.stats: dict = {}
+        self.evaluated = 0
+        self.plans: list = []  # (strategies, program) of every plan priced
+
+    @classmethod
+    def build(cls, planner, limit, pins, t0: float, time_limit: float) -> _LagrangeSearch | None:
+        """The search over the model's choices; None when an operator has no choice within
+        the limit or the graph is too wide (DeadlineReached when time runs out)."""
+        deadline = t0 + time_limit
+        model = ShardModel(planner, limit, pins, "time", build=False, deadline=deadline)
+        if model.infeasible:
+            return None
+        try:
+            prob = _Problem(model)
+        except _TooWide:
+            return None
+        return cls(planner, model, prob, limit, t0, time_limit)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def strategies_of(self, choice: list[int]) -> dict[str, Strategy]:
+        cands = self.model.cands
+        return {op.name: cands[i][choice[i]].strategy for i, op in enumerate(self.planner.sm.ops)}
+
+    def raise_bound(self, value: float, name: str) -> None:
+        if value > self.best_lb:
+            self.best_lb, self.stats["binding_bound"] = value, name
+
+    def keep(self, objective: float, strategies: dict[str, Strategy]) -> None:
+        """Keep a plan that fits when it beats the best so far."""
+        if self.best is None or objective < self.best.objective:
+            self.best = _Found(objective, strategies)
+
+    def proven(self) -> bool:
+        best = self.best
+        return best is not None and best.objective - self.best_lb <= OPTIMALITY_TOL * best.objective
+
+    def least_step_bytes(self) -> float:
+        """The least bytes any plan holds at the step of the largest activation floor."""
+        step = step_memory(self.model, int(np.argmax(self.steps)))
+        return least_memory(self.prob, step, self.deadline).nbytes
+
+    # ------------------------------------------------------------------ bounds and their plans
+    def run(self, lam: float) -> bool:
         """Bound at ``lam``; True when its plan fits the limit."""
-        nonlocal best_lb, best, evaluated
-        value, choice = prob.solve(lam, deadline)
-        lb = value + (lam * (p_floor - limit) if limit is not None else 0.0)
-        if lb > best_lb:
-            best_lb, stats["binding_bound"] = lb, "lagrangian"
-        strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
-        program = evaluate(planner, strategies)
-        plans.append((strategies, program))
-        evaluated += 1
+        value, choice = self.prob.solve(lam, self.deadline)
+        limit = self.limit
+        self.raise_bound(
+            value + (lam * (self.p_floor - limit) if limit is not None else 0.0), "lagrangian"
+        )
+        strategies = self.strategies_of(choice)
+        program = evaluate(self.planner, strategies)
+        self.plans.append((strategies, program))
+        self.evaluated += 1
         ok = limit is None or program.memory_per_device <= limit
-        if ok and (best is None or program.objective < best[0]):
-            best = (program.objective, strategies)
+        if ok:
+            self.keep(program.objective, strategies)
         return ok
 
-    def budget() -> bool:
+    def budget(self) -> bool:
         """The weight-budget bound at the step of the largest activation floor, then (unless
         its plans prove it) the activation-peak bound, each with its plans; True when one of
         them gave a bound."""
-        nonlocal best_lb
         tb = time.perf_counter()
-        deadline = tb + BUDGET_SHARE * (time_limit - (tb - t0))
+        deadline = tb + BUDGET_SHARE * (self.time_limit - (tb - self.t0))
         memo: dict = {}  # eliminations shared by the solves (equal layers, equal tables)
-        floor_step = step_memory(model, int(np.argmax(steps)))
-        out = budget_bound(prob, limit, floor_step, deadline, memo)
-        if out is not None and math.isfinite(out.value):
-            if out.value > best_lb:
-                best_lb, stats["binding_bound"] = out.value, "weight budget"
-            stats["budget_lower_bound"] = out.value
-            stats["budget_unit_bytes"] = out.unit
-            budget_plans(out.tables, out.cap, out.unit, deadline)
-        if out is not None and not proven():  # (no unit for one, none for the other)
-            try:
-                needs = activation_needs(model, prob, deadline)
-            except DeadlineReached:
-                needs = None
-            peak = None
-            if needs is not None:
-                peak = peak_bound(prob, limit, needs, deadline, budget_plans, memo)
-            if peak is not None and math.isfinite(peak.value):
-                if peak.value > best_lb:
-                    best_lb, stats["binding_bound"] = peak.value, "activation peak"
-                stats["peak_lower_bound"] = peak.value
-                stats["peak_caps_solved"] = peak.solved
-            if needs is not None and not proven():  # the same with W' exact in bytes
-                dual = peak_dual_bound(prob, limit, needs, deadline, choice_plan)
-                if dual is not None and dual.value > best_lb:
-                    best_lb, stats["binding_bound"] = dual.value, "activation peak, exact weights"
-                if dual is not None:
-                    stats["peak_dual_lower_bound"] = dual.value
+        out = self.weight_budget(deadline, memo)
+        if out is not None and not self.proven():  # (no unit for one, none for the other)
+            self.peak_bounds(deadline, memo)
+        stats = self.stats
         stats["budget_seconds"] = round(time.perf_counter() - tb, 3)
-        return proven() or "budget_lower_bound" in stats or "peak_lower_bound" in stats
+        return self.proven() or "budget_lower_bound" in stats or "peak_lower_bound" in stats
 
-    def budget_plans(tables, cap: int, unit: int, deadline: float | None = None) -> float:
+    def weight_budget(self, deadline: float, memo: dict):
+        """The weight-budget bound at the step of the largest floor, with its plans."""
+        floor_step = step_memory(self.model, int(np.argmax(self.steps)))
+        out = budget_bound(self.prob, self.limit, floor_step, deadline, memo)
+        if out is not None and math.isfinite(out.value):
+            self.raise_bound(out.value, "weight budget")
+            self.stats["budget_lower_bound"] = out.value
+            self.stats["budget_unit_bytes"] = out.unit
+            self.budget_plans(out.tables, out.cap, out.unit, deadline)
+        return out
+
+    def peak_bounds(self, deadline: float, memo: dict) -> None:
+        """The activation-peak bound, then (unless proven) the same with W' exact in bytes."""
+        prob, limit, stats = self.prob, self.limit, self.stats
+        try:
+            needs = activation_needs(self.model, prob, deadline)
+        except DeadlineReached:
+            return
+        peak = peak_bound(prob, limit, needs, deadline, self.budget_plans, memo)
+        if peak is not None and math.isfinite(peak.value):
+            self.raise_bound(peak.value, "activation peak")
+            stats["peak_lower_bound"] = peak.value
+            stats["peak_caps_solved"] = peak.solved
+        if not self.proven():
+            dual = peak_dual_bound(prob, limit, needs, deadline, self.choice_plan)
+            if dual is not None:
+                self.raise_bound(dual.value, "activation peak, exact weights")
+                stats["peak_dual_lower_bound"] = dual.value
+
+    def budget_plans(self, tables, cap: int, unit: int, deadline: float | None = None) -> float:
         """Plans of one weight-budget solve's tables, the least time first, until one fits:
         each next one at fewer units (by the bytes the last one was over); returns the time of
         the best plan that fits so far (inf if none)."""
-        nonlocal best
         top = cap
         for k in range(BUDGET_PLANS):
             level = tables.best_level(top)
             if level is None or (k and deadline is not None and time.perf_counter() > deadline):
                 break
-            choice = tables.choice(level)
-            strategies = {
-                op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)
-            }
-            program = evaluate(planner, strategies)
-            plans.append((strategies, program))
-            over = program.memory_per_device - limit
+            strategies = self.strategies_of(tables.choice(level))
+            program = evaluate(self.planner, strategies)
+            self.plans.append((strategies, program))
+            over = program.memory_per_device - self.limit
             if over <= 0:
-                if best is None or program.objective < best[0]:
-                    best = (program.objective, strategies)
+                self.keep(program.objective, strategies)
                 break
             top = level - max(1, math.ceil(over / unit))
-        return math.inf if best is None else best[0]
+        return math.inf if self.best is None else self.best.objective
 
-    def choice_plan(choice: list[int]) -> None:
+    def choice_plan(self, choice: list[int]) -> None:
         """A minimiser of a bound, priced: the best plan when it fits and is faster."""
-        nonlocal best
-        strategies = {op.name: model.cands[i][choice[i]].strategy for i, op in enumerate(sm.ops)}
-        program = evaluate(planner, strategies)
-        if program.memory_per_device <= limit and (best is None or program.objective < best[0]):
-            best = (program.objective, strategies)
-            plans.append((strategies, program))
+        strategies = self.strategies_of(choice)
+        program = evaluate(self.planner, strategies)
+        best = self.best
+        if program.memory_per_device <= self.limit and (
+            best is None or program.objective < best.objective
+        ):
+            self.keep(program.objective, strategies)
+            self.plans.append((strategies, program))
 
-    def proven() -> bool:
-        return best is not None and best[0] - best_lb <= OPTIMALITY_TOL * best[0]
-
-    try:
-        _search(run, budget, limit, t0, time_limit, iterations)
-    except DeadlineReached:
-        if not math.isfinite(best_lb):
-            return None
-        stats["lagrange_stopped"] = "the time limit passed during variable elimination"
-    if best is None and limit is not None and time.perf_counter() < deadline:
-        # no plan fits yet (a limit near the least memory): the leanest plan starts the mixing
+    # ------------------------------------------------------------------ mixing, the result
+    def start_from_leanest(self) -> None:
+        """No plan fits yet (a limit near the least memory): the leanest plan starts the
+        mixing."""
+        if self.best is not None or self.limit is None or time.perf_counter() >= self.deadline:
+            return
         with contextlib.suppress(DeadlineReached):
-            lean = _leanest(planner, model, prob, deadline)
-            plans.append((lean.strategies, evaluate(planner, lean.strategies)))
-            if lean.upper <= limit:
-                best = (plans[-1][1].objective, lean.strategies)
-                stats["leanest_plan_started_mixing"] = True
-    if best is not None and limit is not None and len(plans) > 1 and not proven():
-        end = t0 + time_limit
-        if stats.get("leanest_plan_started_mixing"):  # the rest for exact windows (windows.py)
+            lean = _leanest(self.planner, self.model, self.prob, self.deadline)
+            self.plans.append((lean.strategies, evaluate(self.planner, lean.strategies)))
+            if lean.upper <= self.limit:
+                self.best = _Found(self.plans[-1][1].objective, lean.strategies)
+                self.stats["leanest_plan_started_mixing"] = True
+
+    def mix(self) -> None:
+        """Segments of the plans priced, packed and mixed into a faster plan that fits."""
+        limit, plans, planner = self.limit, self.plans, self.planner
+        if self.best is None or limit is None or len(plans) <= 1 or self.proven():
+            return
+        end = self.deadline
+        if self.stats.get("leanest_plan_started_mixing"):  # the rest for exact windows
             end = time.perf_counter() + LEANEST_MIX_SHARE * (end - time.perf_counter())
         packed = knapsack_segments(planner, plans, limit)
         mixed = mix_segments(planner, plans, limit, end)
         for found in (packed, mixed):
-            if found is not None and found[0] < best[0]:
-                best = found
+            if found is not None:
+                self.keep(found.objective, found.strategies)
         if packed is not None and time.perf_counter() < end:
-            start = (packed[1], evaluate(planner, packed[1]))
+            start = (packed.strategies, evaluate(planner, packed.strategies))
             again = mix_segments(planner, [start, *plans], limit, end, start)
-            if again is not None and again[0] < best[0]:
-                best = again
-    stats = {
-        **stats,
-        "lagrange_seconds": round(time.perf_counter() - t0, 3),
-        "lagrange_plans": evaluated,
-        "activation_floor": p_floor,
-    }
-    if best is None:
-        return LagrangeResult(best_lb, None, math.inf, stats)
-    return LagrangeResult(best_lb, best[1], best[0], stats)
+            if again is not None:
+                self.keep(again.objective, again.strategies)
+
+    def result(self) -> LagrangeResult:
+        stats = {
+            **self.stats,
+            "lagrange_seconds": round(time.perf_counter() - self.t0, 3),
+            "lagrange_plans": self.evaluated,
+            "activation_floor": self.p_floor,
+        }
+        if self.best is None:
+            return LagrangeResult(self.best_lb, None, math.inf, stats)
+        return LagrangeResult(self.best_lb, self.best.strategies, self.best.objective, stats)
 
 
 def _search(run, budget, limit, t0: float, time_limit: float, iterations: int) -> None:
@@ -366,7 +426,7 @@ def mix_segments(planner: Planner, plans: list, limit: float, deadline: float, s
     consecutive segments to the choices of another (faster, bigger) plan while the result
     still fits and is faster, best estimated time saved per byte added first (a run, not one
     segment, so that a single mismatch at its ends is paid); ``start`` = (strategies, program)
-    starts from that plan instead. Returns (time, strategies) or None."""
+    starts from that plan instead. Returns the plan (a _Found) or None."""
     sm = planner.sm
     fitting = [(p.objective, s, p) for s, p in plans if p.memory_per_device <= limit]
     if not fitting:
@@ -432,7 +492,7 @@ def mix_segments(planner: Planner, plans: list, limit: float, deadline: float, s
             runs = upper
         else:
             break
-    return cur_t, cur
+    return _Found(cur_t, cur)
 
 
 KNAPSACK_BUCKETS = 4000  # resolution of the weight budget in knapsack_segments
@@ -442,7 +502,7 @@ def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 
     """Pick, for every segment, the choices of one of ``plans`` so that the time is least and
     the weights fit beside the largest activation peak of the plans (a multiple-choice knapsack
     solved by dynamic programming, weights rounded up); the result is re-evaluated, and the
-    budget shrunk by the excess when it does not fit. Returns (time, strategies) or None."""
+    budget shrunk by the excess when it does not fit. Returns the plan (a _Found) or None."""
     sm = planner.sm
     segs = segments(planner)
     if len(segs) < 2:
@@ -501,8 +561,8 @@ def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 
                 trial[sm.ops[v].name] = s[sm.ops[v].name]
         p = evaluate(planner, trial)
         if p.memory_per_device <= limit:
-            if best is None or p.objective < best[0]:
-                best = (p.objective, trial)
+            if best is None or p.objective < best.objective:
+                best = _Found(p.objective, trial)
             return best
         budget -= p.memory_per_device - limit  # shrink by the excess and pack again
     return best
