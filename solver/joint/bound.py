@@ -9,6 +9,10 @@ import math
 import numpy as np
 
 from solver.core.cluster import Cluster
+from solver.spmd.mesh import Mesh
+from solver.spmd.program import Planner
+from solver.spmd.redistribute import local_bytes
+from solver.spmd.rules import StrategyError, shard, strategy_of
 
 
 def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
@@ -26,9 +30,6 @@ def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
 def op_work(sm, spec, i: int, k: int) -> np.ndarray:
     """Rows (devices used, local FLOPs, local bytes moved) of operator ``i`` under every split
     it can run with on <= ``k`` devices: what ``Planner.compute_time`` prices, per device."""
-    from solver.spmd.redistribute import local_bytes
-    from solver.spmd.rules import StrategyError, shard, strategy_of
-
     op = sm.ops[i]
     tensors = [*op.data_inputs, *op.outputs]
     rows = set()
@@ -56,9 +57,6 @@ def universal_bound(sm, cluster: Cluster) -> float:
 
     p, F, M: devices used, local FLOPs and bytes of one split (:func:`op_work`); b the
     memory bandwidth. Operators are priced once per signature."""
-    from solver.spmd.mesh import Mesh
-    from solver.spmd.program import Planner
-
     if not sm.ops:
         return 0.0
     k = cluster.devices

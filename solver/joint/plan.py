@@ -12,11 +12,16 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from solver.core.cluster import Cluster
+from solver.core.cluster import Cluster, cluster_from_dict
 from solver.core.errors import MtppError
-from solver.pipeline.plan import relative_gap
-from solver.spmd.mesh import Mesh
-from solver.spmd.rules import Strategy
+from solver.core.files import read_json, write_json_atomic
+from solver.core.result import STATUSES, claim_problem, relative_gap
+from solver.joint.segment import make_segment, tensor_bytes
+from solver.joint.submesh import stage_limit, sub_cluster, transfer_time
+from solver.spmd.mesh import Mesh, mesh_on
+from solver.spmd.model import ShardModel, load_model
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.strategy import Strategy
 
 JOINT_FORMAT = "mtpp-joint-plan"
 JOINT_VERSION = 1
@@ -126,8 +131,6 @@ class JointPlan:
 
 def save_joint_plan(plan: JointPlan, path: str | Path) -> None:
     """Write the plan's JSON atomically (a temporary name renamed into place)."""
-    from solver.core.files import write_json_atomic
-
     write_json_atomic(path, plan.to_dict())
 
 
@@ -147,11 +150,6 @@ def price_stages(sm, cluster: Cluster, specs: list[StageSpec], memory: float | N
     """The stages of ``specs`` priced: each program by the sharding cost function on its
     sub-mesh (slowest compute of its devices), transfers by the rule of docs/joint.md.
     Returns ``(stages, over)`` where ``over`` names the first stage over its memory limit."""
-    from solver.joint.segment import make_segment, tensor_bytes
-    from solver.joint.submesh import stage_limit, sub_cluster, transfer_time
-    from solver.spmd.mesh import mesh_on
-    from solver.spmd.program import Planner, evaluate
-
     stage_of: dict[str, int] = {}
     segs, stages = [], []
     over = None
@@ -219,10 +217,6 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
     ONNX path or a ShardModel), every stage is priced again and a number that differs from
     the file's (a tampered plan) is refused with one line, as is a plan that does not cover
     the model's operators in order."""
-    from solver.core.cluster import cluster_from_dict
-    from solver.core.files import read_json
-    from solver.pipeline.plan import ERROR, FEASIBLE, INFEASIBLE, INVALID, OPTIMAL, UNKNOWN
-
     where = str(path)
     data = read_json(path, "joint plan")
     if not isinstance(data, dict) or data.get("format") != JOINT_FORMAT:
@@ -233,78 +227,36 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
     raw = data.get("stages")
     if not isinstance(raw, list) or not raw:
         raise MtppError(f"{where}: 'stages' must be a non-empty list")
-    stages = []
     used: set[int] = set()
-    for i, st in enumerate(raw):
-        w = f"{where}: stage {i}"
-        if not isinstance(st, dict):
-            raise MtppError(f"{w}: must be a mapping")
-        devices = st.get("devices")
-        if (
-            not isinstance(devices, list)
-            or not devices
-            or not all(
-                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < cluster.devices
-                for d in devices
-            )
-        ):
-            raise MtppError(f"{w}: 'devices' must list device ids 0..{cluster.devices - 1}")
-        if used & set(devices) or len(set(devices)) != len(devices):
-            raise MtppError(f"{w}: a device is used twice; stages run on disjoint devices")
-        used |= set(devices)
-        m = st.get("mesh")
-        if not isinstance(m, dict):
-            raise MtppError(f"{w}: 'mesh' must be a mapping")
-        shape, bw, lat = m.get("shape"), m.get("bandwidth"), m.get("latency")
-        if (
-            not isinstance(shape, list)
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)
-            or math.prod(shape) != len(devices)
-        ):
-            raise MtppError(f"{w}: mesh shape {shape!r} must multiply to {len(devices)} devices")
-        numbers = [bw, lat]
-        if not all(
-            isinstance(v, list)
-            and len(v) == len(shape)
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-            for v in numbers
-        ):
-            raise MtppError(f"{w}: mesh bandwidth and latency need one number per axis")
-        mesh = Mesh(tuple(shape), tuple(map(float, bw)), tuple(map(float, lat)))
-        names = [k for k in ("ops", "inputs", "outputs") if not isinstance(st.get(k), list)]
-        if names or not isinstance(st.get("strategies"), dict):
-            raise MtppError(f"{w}: 'ops', 'inputs', 'outputs' and 'strategies' are required")
-        strategies = {
-            str(k): _strategy(v, f"{w}: strategy of {k!r}") for k, v in st["strategies"].items()
-        }
-        stage = Stage(
-            i,
-            tuple(devices),
-            mesh,
-            tuple(map(str, st["ops"])),
-            tuple(map(str, st["inputs"])),
-            tuple(map(str, st["outputs"])),
-            strategies,
-            _number(st, "program_time", w),
-            _number(st, "io_in", w),
-            _number(st, "io_out", w),
-            _number(st, "memory_per_device", w),
-            dict(st.get("collectives") or {}),
-        )
-        claimed = _number(st, "time", w)
-        if abs(claimed - stage.time) > CHECK_TOL * abs(stage.time):
-            raise MtppError(f"{w}: time {claimed!r} is not program_time + io_in + io_out")
-        stages.append(stage)
-    status = data.get("status")
-    if status not in (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, INVALID, ERROR):
-        raise MtppError(f"{where}: unknown status {str(status)[:40]!r}")
+    stages = [
+        _stage_from_dict(st, i, cluster, used, f"{where}: stage {i}") for i, st in enumerate(raw)
+    ]
+    if data.get("status") not in STATUSES:
+        raise MtppError(f"{where}: unknown status {str(data.get('status'))[:40]!r}")
+    plan = _plan_from_dict(data, cluster, stages, where)
+    objective = _number(data, "objective", where)
+    why = claim_problem(
+        plan.objective,
+        plan.status,
+        plan.lower_bound,
+        objective,
+        objective_differs="objective {claimed!r} is not the slowest stage's time",
+    )
+    if why is not None:
+        raise MtppError(f"{where}: {why}")
+    if model is not None:
+        check_against_model(plan, model, where)
+    return plan
+
+
+def _plan_from_dict(data: dict, cluster: Cluster, stages: list[Stage], where: str) -> JointPlan:
     model_info = data.get("model") if isinstance(data.get("model"), dict) else {}
-    plan = JointPlan(
+    return JointPlan(
         str(model_info.get("name", "model")),
         cluster,
         _number(data, "memory_limit", where, optional=True),
         stages,
-        status,
+        data["status"],
         _number(data, "lower_bound", where, optional=True),
         str(data.get("bound_space", "")),
         _number(data, "universal_bound", where, optional=True),
@@ -313,24 +265,83 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
         data.get("stats") if isinstance(data.get("stats"), dict) else {},
         model_info.get("path") if isinstance(model_info.get("path"), str) else None,
     )
-    objective = _number(data, "objective", where)
-    if abs(objective - plan.objective) > CHECK_TOL * abs(plan.objective):
-        raise MtppError(f"{where}: objective {objective!r} is not the slowest stage's time")
-    if plan.lower_bound is not None and plan.lower_bound > plan.objective * (1 + CHECK_TOL):
-        raise MtppError(f"{where}: the lower bound exceeds the objective")
-    if status == OPTIMAL and (plan.gap is None or plan.gap > 1e-6):
-        raise MtppError(f"{where}: OPTIMAL without a lower bound within 1e-6 of the objective")
-    if model is not None:
-        check_against_model(plan, model, where)
-    return plan
+
+
+def _stage_from_dict(st, i: int, cluster: Cluster, used: set[int], w: str) -> Stage:
+    """Stage ``i`` of a plan file (``w`` names it in messages); ``used``: the devices of the
+    stages before it (this one's are added)."""
+    if not isinstance(st, dict):
+        raise MtppError(f"{w}: must be a mapping")
+    devices = _stage_devices(st.get("devices"), cluster, used, w)
+    mesh = _stage_mesh(st.get("mesh"), len(devices), w)
+    names = [k for k in ("ops", "inputs", "outputs") if not isinstance(st.get(k), list)]
+    if names or not isinstance(st.get("strategies"), dict):
+        raise MtppError(f"{w}: 'ops', 'inputs', 'outputs' and 'strategies' are required")
+    strategies = {
+        str(k): _strategy(v, f"{w}: strategy of {k!r}") for k, v in st["strategies"].items()
+    }
+    stage = Stage(
+        i,
+        tuple(devices),
+        mesh,
+        tuple(map(str, st["ops"])),
+        tuple(map(str, st["inputs"])),
+        tuple(map(str, st["outputs"])),
+        strategies,
+        _number(st, "program_time", w),
+        _number(st, "io_in", w),
+        _number(st, "io_out", w),
+        _number(st, "memory_per_device", w),
+        dict(st.get("collectives") or {}),
+    )
+    claimed = _number(st, "time", w)
+    if abs(claimed - stage.time) > CHECK_TOL * abs(stage.time):
+        raise MtppError(f"{w}: time {claimed!r} is not program_time + io_in + io_out")
+    return stage
+
+
+def _stage_devices(devices, cluster: Cluster, used: set[int], w: str) -> list[int]:
+    """A stage's device ids: valid, distinct, and on no earlier stage (added to ``used``)."""
+    if (
+        not isinstance(devices, list)
+        or not devices
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < cluster.devices
+            for d in devices
+        )
+    ):
+        raise MtppError(f"{w}: 'devices' must list device ids 0..{cluster.devices - 1}")
+    if used & set(devices) or len(set(devices)) != len(devices):
+        raise MtppError(f"{w}: a device is used twice; stages run on disjoint devices")
+    used |= set(devices)
+    return devices
+
+
+def _stage_mesh(m, devices: int, w: str) -> Mesh:
+    """A stage's mesh: a shape that multiplies to its devices, one bandwidth and latency per
+    axis."""
+    if not isinstance(m, dict):
+        raise MtppError(f"{w}: 'mesh' must be a mapping")
+    shape, bw, lat = m.get("shape"), m.get("bandwidth"), m.get("latency")
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)
+        or math.prod(shape) != devices
+    ):
+        raise MtppError(f"{w}: mesh shape {shape!r} must multiply to {devices} devices")
+    if not all(
+        isinstance(v, list)
+        and len(v) == len(shape)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        for v in (bw, lat)
+    ):
+        raise MtppError(f"{w}: mesh bandwidth and latency need one number per axis")
+    return Mesh(tuple(shape), tuple(map(float, bw)), tuple(map(float, lat)))
 
 
 def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
     """Price every stage again on ``model``; refuse a plan whose stages do not cover the
     model's operators in order, or whose numbers differ from the recomputed ones."""
-    from solver.spmd.mesh import mesh_on
-    from solver.spmd.model import ShardModel, load_model
-
     sm = model if isinstance(model, ShardModel) else load_model(model)
     names = [op.name for op in sm.ops]
     specs, pos = [], 0

@@ -25,14 +25,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.core.cluster import Cluster
+from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
+from solver.core.options import check_time_limit, checked_memory
+from solver.core.result import OPTIMAL, OPTIMALITY_TOL, InvalidBoundError, certify
+from solver.core.units import format_bytes
 from solver.joint.bound import op_work, split_tuples, universal_bound
 from solver.joint.plan import JointPlan, StageSpec, price_stages
 from solver.joint.segment import Segment, cut_points, make_segment, tensor_bytes
-from solver.joint.submesh import SPACES, SubMesh, candidates, stage_limit, sub_cluster
-from solver.pipeline.plan import OPTIMAL
-from solver.spmd.rules import Strategy
+from solver.joint.submesh import (
+    SPACES,
+    SubMesh,
+    candidates,
+    device_order,
+    slowest_link,
+    stage_limit,
+    sub_cluster,
+)
+from solver.spmd import solve as spmd_solve  # tests replace spmd_solve.solve_sharding
+from solver.spmd.model import ShardModel, load_model
+from solver.spmd.patterns import data_parallel_plan, megatron_plan
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.propagate import propagate
+from solver.spmd.strategy import Strategy
 
 HEURISTICS = ("dp", "megatron", "propagate")
 EXACT_SHARE = 0.25  # most of the time left one exact segment solve may take
@@ -122,8 +137,6 @@ class _Search:
         """Slowest link between sub-meshes i and j."""
         key = (i, j)
         if key not in self._bw:
-            from solver.joint.submesh import slowest_link
-
             a, b = self.meshes[i].devices, self.meshes[j].devices
             self._bw[key] = slowest_link(self.cluster, a, b)
         return self._bw[key]
@@ -133,8 +146,6 @@ class _Search:
         cluster order; inf (fastest) or 0 (slowest)... when there is none."""
         key = (m, before, fastest)
         if key not in self._link_cache:
-            from solver.joint.submesh import device_order
-
             order = device_order(self.cluster)
             sm_ = self.meshes[m]
             others = order[: sm_.start] if before else order[sm_.end :]
@@ -177,8 +188,6 @@ class _Search:
     def _whole(self, m: int):
         """The whole model's Planner on sub-mesh m (one per alike sub-meshes) and the prefix
         sums of each operator's least compute there."""
-        from solver.spmd.program import Planner
-
         key = self.mesh_key(m)
         got = self._wholes.get(key)
         if got is None:
@@ -194,8 +203,6 @@ class _Search:
     def _planner(self, seg: Segment, m: int):
         """A Planner of the segment that shares the whole model's caches: they are keyed by
         operator signature, so a repeated operator is sharded and priced once per mesh."""
-        from solver.spmd.program import Planner
-
         mesh = self.meshes[m]
         planner = Planner(seg.sm, mesh.mesh, sub_cluster(self.cluster, mesh.devices))
         whole, _ = self._whole(m)
@@ -220,10 +227,6 @@ class _Search:
 
     def _initial(self, seg: Segment, m: int) -> PairCost:
         """Both costs of a pair: the lower one and the best heuristic plan that fits."""
-        from solver.spmd.patterns import data_parallel_plan, megatron_plan
-        from solver.spmd.program import evaluate
-        from solver.spmd.propagate import propagate
-
         pc = self._least(seg, m)
         if pc.infeasible:
             return pc
@@ -247,8 +250,6 @@ class _Search:
         """Solve segment a..b on sub-mesh m exactly; True when something was done. The first
         solve gets a share of the time left; ``again``: a pair whose last solve ran out of
         time unproven is solved with twice that time (at most the time left)."""
-        from solver.spmd.solve import solve_sharding
-
         pc = self.pair(a, b, m)
         if pc.infeasible or pc.upper <= pc.lower or pc.exact_tried != again:
             return False
@@ -276,7 +277,7 @@ class _Search:
         if again:
             self.stats["exact_retries"] = self.stats.get("exact_retries", 0) + 1
         try:
-            res = solve_sharding(
+            res = spmd_solve.solve_sharding(
                 seg.sm,
                 mesh=mesh.mesh.shape,
                 method="cpsat",
@@ -521,8 +522,6 @@ def _span(devices) -> str:
 
 
 def _fmt_bytes(x: float) -> str:
-    from solver.core.units import format_bytes
-
     return f"{format_bytes(x)} ({x:.0f} bytes)"
 
 
@@ -567,124 +566,146 @@ def plan_joint(
     ``space`` (module docstring). ``memory``: bytes or "40GB" per device (default: each
     device's capacity); ``gap``: stop once the relative gap is at most this. Raises
     :class:`MtppError` when no plan of the space fits."""
-    from solver.core.cluster import load_cluster
-    from solver.core.units import parse_memory
-    from solver.pipeline.plan import FEASIBLE, OPTIMALITY_TOL, InvalidBoundError, bound_exceeds
-    from solver.spmd.model import ShardModel, load_model
-
     t0, clock0 = time.perf_counter(), _clock()  # loading the model counts
-
-    def wall() -> float:
-        return time.perf_counter() - t0
-
     if space not in SPACES:
         raise MtppError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
-    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
-        raise MtppError(f"--time-limit must be a positive number of seconds, got {time_limit}")
+    check_time_limit(time_limit)
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
-    if memory is not None and not isinstance(memory, (int, float)):
-        memory = parse_memory(memory)
-    elif memory is not None and not (0 < memory < math.inf):
-        raise MtppError(f"--memory must be a finite size > 0, got {memory!r}")
+    memory = checked_memory(memory)
     if progress is not None and not isinstance(model, ShardModel):
         progress.note("loading the model")
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
-    name = getattr(getattr(sm.model, "graph", None), "name", "") or "model"
     search = _Search(sm, cluster, memory, space, clock0 + time_limit, progress, workers)
     _check_fits_somewhere(search)
     if progress is not None:
         c = len(search.cuts)
         progress.note(f"pricing {c * (c - 1) // 2} segments x {len(search.meshes)} sub-meshes")
-    ub = universal_bound(sm, cluster)  # valid for every joint plan, so over the space too
-    best: list = [math.inf, None]  # objective, stages
+    # the universal bound is valid for every joint plan, so over the space too
+    rounds = _Rounds(search, universal_bound(sm, cluster), t0, gap)
+    rounds.run()
+    if rounds.stages is None:
+        raise _no_plan_error(space, cluster, memory, time_limit, rounds.low_value)
+    return _finish(search, rounds, model, t0)
 
-    def offer(path) -> None:
+
+class _Rounds:
+    """The rounds of one joint search: the incumbent (best objective and its stages), the
+    lower bound proven so far, and the lower programme's last value."""
+
+    def __init__(self, search: _Search, universal: float, t0: float, gap: float) -> None:
+        self.search, self.universal, self.t0, self.gap = search, universal, t0, gap
+        self.objective = math.inf
+        self.stages: list | None = None
+        self.lower = 0.0
+        self.low_value = 0.0  # inf once the lower programme proves no plan fits
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def run(self) -> None:
+        """The first incumbents, then rounds until the gap closes, nothing is left to refine
+        or time runs out; on Ctrl-C (as CP-SAT does) the best plan so far with its bound."""
+        search = self.search
+        try:
+            for path in search.seeds():
+                self.offer(path)
+            search.stats["first_plan_seconds"] = self.wall()
+            self.report(min(self.universal, self.objective))
+            while self.one_round():
+                pass
+        except KeyboardInterrupt:
+            if self.stages is None:
+                raise
+            search.stats["interrupted"] = True
+
+    def offer(self, path) -> None:
         """Re-price a DP path exactly; keep it when it beats the incumbent."""
-        stages, over = price_stages(sm, cluster, search.specs(path), memory)
+        search = self.search
+        stages, over = price_stages(search.sm, search.cluster, search.specs(path), search.memory)
         if over is not None:  # the pair costs come from plans that fit: a bug
             raise InvalidBoundError(f"a joint plan built from fitting programs: {over}")
         obj = max(s.time for s in stages)
-        if obj < best[0]:
-            best[:] = [obj, stages]
+        if obj < self.objective:
+            self.objective, self.stages = obj, stages
 
-    lb, low_val = 0.0, 0.0
-    try:
-        for path in search.seeds():
-            offer(path)
-        search.stats["first_plan_seconds"] = wall()
-        if progress is not None:
-            progress.update(best[0], min(ub, best[0]), wall())
-        while True:
+    def report(self, bound: float) -> None:
+        if self.search.progress is not None:
+            self.search.progress.update(self.objective, bound, self.wall())
+
+    def one_round(self) -> bool:
+        """Both programmes, then exact solves of the pairs they use; False when done."""
+        search = self.search
+        if search.expired():
+            search.stats["stopped"] = True
+            return False
+        search.stats["rounds"] += 1
+        try:
+            _, up_path = search.dp(upper=True)
+            if up_path:
+                self.offer(up_path)
+            self.low_value, low_path = search.dp(upper=False, cap=self.objective)
+        except _Expired:
+            search.stats["stopped"] = True
+            return False
+        best = self.objective
+        self.lower = max(self.lower, min(self.low_value, best), min(self.universal, best))
+        self.report(self.lower)
+        if self.stages is not None and best - self.lower <= max(self.gap, OPTIMALITY_TOL) * best:
+            return False
+        if not low_path and self.stages is None:
+            return False  # no plan of the space fits
+        return self.refine(list(dict.fromkeys([*up_path, *low_path])))
+
+    def refine(self, pairs) -> bool:
+        """Solve exactly the pairs not solved yet; when every pair had its solve, give more
+        time to one that ran out unproven. True when something was solved."""
+        search = self.search
+        did = False
+        for a, b, m in pairs:
             if search.expired():
-                search.stats["stopped"] = True
                 break
-            search.stats["rounds"] += 1
-            try:
-                _, up_path = search.dp(upper=True)
-                if up_path:
-                    offer(up_path)
-                low_val, low_path = search.dp(upper=False, cap=best[0])
-            except _Expired:
-                search.stats["stopped"] = True
-                break
-            lb = max(lb, min(low_val, best[0]), min(ub, best[0]))
-            if progress is not None:
-                progress.update(best[0], lb, wall())
-            if best[1] is not None and best[0] - lb <= max(gap, OPTIMALITY_TOL) * best[0]:
-                break
-            if not low_path and best[1] is None:
-                break  # no plan of the space fits
-            did = False
-            pairs = list(dict.fromkeys([*up_path, *low_path]))
-            for a, b, m in pairs:
-                if search.expired():
-                    break
-                did = search.refine(a, b, m) or did
-            if not did:  # every pair had its solve: more time for one that ran out unproven
-                did = search.retry(pairs)
-            if not did:
-                break
-    except KeyboardInterrupt:  # as CP-SAT does: the best plan so far with its proven bound
-        if best[1] is None:
-            raise
-        search.stats["interrupted"] = True
-    best_obj, best_stages = best
-    if best_stages is None:
-        limit = _limit_text(cluster, memory)
-        if math.isinf(low_val):
-            raise MtppError(
-                f"proven: no joint plan of the {space} space fits the memory limit ({limit}): "
-                "every stage candidate needs more; raise --memory"
-            )
-        raise MtppError(
-            f"no joint plan found within {time_limit:g} s"
-            + (f" that fits the memory limit ({limit})" if limit else "")
-            + "; raise --time-limit"
-            + (" or --memory" if limit else "")
+            did = search.refine(a, b, m) or did
+        return did or search.retry(pairs)
+
+
+def _no_plan_error(space: str, cluster: Cluster, memory, time_limit: float, low) -> MtppError:
+    """Why no joint plan was found: proven (the lower programme is inf) or out of time."""
+    limit = _limit_text(cluster, memory)
+    if math.isinf(low):
+        return MtppError(
+            f"proven: no joint plan of the {space} space fits the memory limit ({limit}): "
+            "every stage candidate needs more; raise --memory"
         )
-    if bound_exceeds(lb, best_obj):
-        raise InvalidBoundError(f"joint lower bound {lb!r} above the objective {best_obj!r}")
-    if bound_exceeds(ub, best_obj):
-        raise InvalidBoundError(f"universal bound {ub!r} above the objective {best_obj!r}")
-    lb = max(min(lb, best_obj), min(ub, best_obj))
-    status = OPTIMAL if best_obj - lb <= OPTIMALITY_TOL * best_obj else FEASIBLE
+    return MtppError(
+        f"no joint plan found within {time_limit:g} s"
+        + (f" that fits the memory limit ({limit})" if limit else "")
+        + "; raise --time-limit"
+        + (" or --memory" if limit else "")
+    )
+
+
+def _finish(search: _Search, rounds: _Rounds, model, t0: float) -> JointPlan:
+    """The incumbent with its certified bound and status (OPTIMAL only when the bound meets
+    it) and the search's counts."""
+    verdict = certify("joint", rounds.objective, [rounds.lower, rounds.universal], proven=True)
     search.stats.update(
         cut_points=len(search.cuts),
         sub_meshes=len(search.meshes),
         priced_pairs=len(search.costs),
         segments=len(search.segments),
     )
+    sm = search.sm
     return JointPlan(
-        name,
-        cluster,
-        memory,
-        best_stages,
-        status,
-        lb,
+        getattr(getattr(sm.model, "graph", None), "name", "") or "model",
+        search.cluster,
+        search.memory,
+        rounds.stages,
+        verdict.status,
+        verdict.lower_bound,
         _describe_space(search),
-        min(ub, best_obj),
-        space,
+        min(rounds.universal, rounds.objective),
+        search.space,
         time.perf_counter() - t0,
         search.stats,
         model_path=None if isinstance(model, ShardModel) else str(model),  # for mtpp simulate
