@@ -15,6 +15,7 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph, coarse_view
 from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.dp import ideals
 from solver.pipeline.dp.ideals import solve_ideals, split_free
 from solver.pipeline.exact.brute import brute_force
 
@@ -93,6 +94,11 @@ def _check_against_brute_force(g: Graph, c: Cluster):
     assert res.value >= truth.objective * (1 - 1e-9) - 1e-12
     if res.optimal:
         assert res.value == pytest.approx(truth.objective, rel=1e-9, abs=1e-12)
+    if res.before_tie_break is not None:  # the tie-break's plan: as good, fewer bytes received
+        first = evaluate(cg, c, res.before_tie_break)
+        assert res.value <= first.objective
+        kept = evaluate(cg, c, res.assignment)
+        assert (kept.bytes_in.sum(), kept.latency) < (first.bytes_in.sum(), first.latency)
     return res, truth
 
 
@@ -109,6 +115,18 @@ def test_without_free_nodes_the_dp_is_exact_with_backward_data_edges(prob):
     res, truth = _check_against_brute_force(g, c)
     if truth is not None:
         assert res.optimal  # every node is in the ideals: nothing is relaxed
+
+
+@settings(max_examples=scaled_examples(60), suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs())
+def test_free_components_too_large_to_price_join_the_ideals_and_stay_exact(prob):
+    g, c = prob
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ideals, "MAX_COMPONENT", 1)  # components of two or more: into the ideals
+        res, truth = _check_against_brute_force(g, c)
+        split = split_free(coarse_view(g)[0])
+    if truth is not None and not split.components:
+        assert res.optimal
 
 
 def test_free_nodes_are_those_without_an_order_edge_grouped_by_shared_tensors():

@@ -272,6 +272,7 @@ class IdealsResult:
     value: float = math.inf
     assignment: np.ndarray | None = None
     stats: dict = field(default_factory=dict)
+    before_tie_break: np.ndarray | None = None  # the first optimal plan, when the tie-break won
 
     @property
     def optimal(self) -> bool:
@@ -554,9 +555,19 @@ def _merge(a: _Pairs, b: _Pairs) -> _Pairs:
     return _Pairs(np.r_[a.lo, b.lo][order], hi[order], np.r_[a.cost, b.cost][order])
 
 
-def _chain_dp(pairs: _Pairs, N: int, k: int) -> tuple[float, list[int]]:
-    """min over chains {} = I0 <= ... <= Ik = V (equal steps: empty blocks) of the largest
-    step cost, and the pairs of one optimal chain (-1 for an empty block), first block first."""
+@dataclass
+class _Chain:
+    """A chain's value (its largest step cost, or its summed cost) and its steps: pair indices,
+    -1 for an empty block, first block first."""
+
+    value: float
+    steps: list[int]
+
+
+def _chain_dp(pairs: _Pairs, N: int, k: int, cap: float | None = None) -> _Chain:
+    """The best chain {} = I0 <= ... <= Ik = V (equal steps: empty blocks): the least largest
+    step cost, or with ``cap`` the least summed cost of the chains whose steps all cost at most
+    ``cap`` (the least latency at a bottleneck)."""
     dp = np.full(N, math.inf)
     dp[0] = 0.0
     back = np.full((k + 1, N), -1, dtype=np.int64)
@@ -564,8 +575,9 @@ def _chain_dp(pairs: _Pairs, N: int, k: int) -> tuple[float, list[int]]:
     starts = np.asarray(starts, dtype=np.int64)
     group = np.cumsum(np.r_[False, np.diff(pairs.hi) != 0]) if len(pairs.hi) else starts
     hs = pairs.hi[starts]
+    cost = pairs.cost if cap is None else np.where(pairs.cost <= cap, pairs.cost, math.inf)
     for j in range(1, k + 1):
-        val = np.maximum(dp[pairs.lo], pairs.cost)
+        val = np.maximum(dp[pairs.lo], cost) if cap is None else dp[pairs.lo] + cost
         new = dp.copy()
         if len(val):
             m = np.minimum.reduceat(val, starts)
@@ -581,7 +593,7 @@ def _chain_dp(pairs: _Pairs, N: int, k: int) -> tuple[float, list[int]]:
         chain.append(p)
         if p >= 0:
             r = int(pairs.lo[p])
-    return float(dp[N - 1]), chain[::-1]
+    return _Chain(float(dp[N - 1]), chain[::-1])
 
 
 @dataclass(frozen=True)
@@ -670,8 +682,9 @@ def _relaxed_optimum(
         new = _pair_list(ideals, work, win.lim, lim, deadline)
         pricer.price(new, deadline)
         pairs = _merge(win.pairs, new)
-        best, chain = _chain_dp(pairs, len(ideals), k)
-        win = _Window(pairs, lim, best, chain)
+        chain = _chain_dp(pairs, len(ideals), k)
+        best = chain.value
+        win = _Window(pairs, lim, best, chain.steps)
         if best <= lim or lim >= total or math.isfinite(upper):
             return win
         lim = min(best, lim * 1.5)
@@ -708,5 +721,39 @@ def solve_ideals(
         a = place_free(g, cluster, split, a_main, k)
         res.value = float(evaluate(g, cluster, a, k=k).objective)
         res.assignment = a
+    if res.optimal:
+        _tie_break(g, cluster, split, ideals, win, k, res)
     res.stats["seconds"] = round(time.perf_counter() - t0, 3)
     return res
+
+
+def _tie_break(
+    g: Graph,
+    cluster: Cluster,
+    split: FreeSplit,
+    ideals: np.ndarray,
+    win: _Window,
+    k: int,
+    res: IdealsResult,
+) -> None:
+    """Among the chains whose blocks all cost at most the optimum (relaxed prices), the one of
+    least summed cost (the same work: the least io), its free nodes placed; kept when the
+    evaluator finds it no worse and it receives fewer bytes, or as many at a lower latency.
+    Not a proof of the lexicographic optimum (the free nodes are placed, not searched)."""
+    t = time.perf_counter()
+    chain = _chain_dp(win.pairs, len(ideals), k, cap=win.best)
+    summary = "least latency among the DP's chains at the optimum, free nodes placed on it"
+    kept = False
+    if math.isfinite(chain.value) and res.assignment is not None:
+        a_main = _main_assignment(ideals, win.pairs, chain.steps, g.n)
+        a = place_free(g, cluster, split, a_main, k)
+        new, old = evaluate(g, cluster, a, k=k), evaluate(g, cluster, res.assignment, k=k)
+        key_new = (float(new.bytes_in.sum()), new.latency)
+        kept = new.objective <= res.value and key_new < (float(old.bytes_in.sum()), old.latency)
+        if kept:
+            res.before_tie_break, res.assignment = res.assignment, a
+            res.value = float(new.objective)
+    res.stats["tie_break"] = {
+        "summary": summary + ("" if kept else " (the first optimal plan was no worse: kept)"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }

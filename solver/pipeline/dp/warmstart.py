@@ -97,10 +97,15 @@ def _run_ideals(cg: Graph, cluster: Cluster, time_limit: float) -> ChainResult |
         )
     except MtppError:  # more ideals than the cap, or the time limit (IdealTimeout)
         return None
-    stats = dict(res.stats, proof=IDEALS_PROOF, tie_break={"summary": "tie-break not run"})
     if math.isinf(res.lower):  # no chain fits the capacity: leave the proof to the bounds
         return None
-    return ChainResult(lower=res.lower, value=res.value, assignment=res.assignment, stats=stats)
+    return ChainResult(
+        lower=res.lower,
+        value=res.value,
+        assignment=res.assignment,
+        stats=dict(res.stats, proof=IDEALS_PROOF),
+        before_tie_break=res.before_tie_break,
+    )
 
 
 def hint_of(res: ChainResult | None, g: Graph) -> tuple[float, np.ndarray | None]:
