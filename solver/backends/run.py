@@ -16,6 +16,7 @@ temporary folder; a failing stage ends the run with that stage's error on one li
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing as mp
 import queue
 import signal
@@ -283,25 +284,41 @@ def run_pipeline(
     ``dims`` fixes the model's dynamic input dims for the random inputs, as in the export;
     ``progress(n)`` is called after each of the ``requests`` timed requests finished.
     """
-    import onnx
-    import onnxruntime as ort
+    import onnx  # heavy: onnx
 
     check_requests(requests)
     stages = [st for st in report["stages"] if st["file"]]
     model = onnx.load(str(model_path), load_external_data=False)
     fix_dims(model, dict(dims or {}))
     feeds = random_inputs(model, seed=seed)
-    outputs = report["graph_outputs"]
+    pipe = _stage_chain(folder, stages, report["graph_outputs"])
+    with _sigterm_as_interrupt(), pipe:
+        timed = _pipelined(pipe, feeds, requests, 4 * len(stages) + 4, progress)
+        pipe.stop()
+    single = _unsplit_seconds(model_path, feeds, requests, threads=len(stages))
+    return RunResult(
+        stages=len(stages),
+        requests=requests,
+        throughput=timed.throughput,
+        latency=float(np.median(timed.latencies)),
+        unsplit_throughput=1.0 / single,
+        unsplit_latency=single,
+        queue_bandwidth=queue_bandwidth(),
+        input_shapes={x: list(v.shape) for x, v in feeds.items()},
+    )
+
+
+def _stage_chain(folder: Path, stages: list[dict], outputs: list[str]) -> _Processes:
+    """One spawned process per stage (not started yet), joined by queues: bounded queues
+    between stages; the last one is unbounded and the driver keeps at most a window of
+    requests in flight, so no put can wait forever on a live pipeline."""
     keep = []  # after stage i: what stages i+1.. or the model outputs still need
     for i in range(len(stages)):
         later = {x for st in stages[i + 1 :] for x in st["inputs"]} | set(outputs)
         keep.append(sorted(later))
     ctx = mp.get_context("spawn")
-    # bounded queues between stages; the last one is unbounded and the driver keeps at most
-    # `window` requests in flight, so no put can wait forever on a live pipeline
     queues = [ctx.Queue(maxsize=4) for _ in stages] + [ctx.Queue()]
     errors = ctx.Queue()
-    window = 4 * len(stages) + 4
     procs = [
         ctx.Process(
             target=stage_worker,
@@ -319,33 +336,53 @@ def run_pipeline(
         for i, st in enumerate(stages)
     ]
     names = [f"stage {st['stage']} ({st['file']})" for st in stages]
+    return _Processes(procs, queues, errors, names)  # it owns them: closing it releases them
+
+
+@dataclass
+class _Timed:
+    """What the driver measured on the running pipeline."""
+
+    latencies: list[float]  # seconds of a request alone in the pipeline (warm-up dropped)
+    finished: list[float]  # perf_counter time each timed request came out
+
+    @property
+    def throughput(self) -> float:
+        """Requests per second over the second half of the run (the steady part)."""
+        done = self.finished
+        half = len(done) // 2
+        return (len(done) - 1 - half) / (done[-1] - done[half]) if len(done) > 2 else math.nan
+
+
+def _pipelined(pipe: _Processes, feeds: dict, requests: int, window: int, progress) -> _Timed:
+    """Warm-up and unloaded latency (one request alone, a few times), then ``requests``
+    requests with the pipeline kept full, at most ``window`` in flight."""
+    lat = []
+    for r in range(6):
+        t0 = time.perf_counter()
+        pipe.put(0, (r, feeds))
+        pipe.get()
+        if r:
+            lat.append(time.perf_counter() - t0)
     done: list[float] = []
-    with _sigterm_as_interrupt(), _Processes(procs, queues, errors, names) as pipe:
-        del queues, errors, procs  # the pipeline owns them: closing it releases them
-        # warm-up and unloaded latency: one request alone in the pipeline, a few times
-        lat = []
-        for r in range(6):
-            t0 = time.perf_counter()
-            pipe.put(0, (r, feeds))
-            pipe.get()
-            if r:
-                lat.append(time.perf_counter() - t0)
-        # throughput: keep the pipeline full, collecting results as they come
-        sent = 0
-        while len(done) < requests:
-            if sent < requests and sent - len(done) < window and pipe.try_put(0, (sent, feeds)):
-                sent += 1
-                continue
-            if pipe.get(timeout=_POLL) is not None:
-                done.append(time.perf_counter())
-                if progress is not None:
-                    progress(len(done))
-        pipe.stop()
-    half = len(done) // 2
-    thr = (len(done) - 1 - half) / (done[-1] - done[half]) if len(done) > 2 else float("nan")
-    # the unsplit model: one process, as many threads as there are stages
+    sent = 0
+    while len(done) < requests:
+        if sent < requests and sent - len(done) < window and pipe.try_put(0, (sent, feeds)):
+            sent += 1
+            continue
+        if pipe.get(timeout=_POLL) is not None:
+            done.append(time.perf_counter())
+            if progress is not None:
+                progress(len(done))
+    return _Timed(lat, done)
+
+
+def _unsplit_seconds(model_path: Path, feeds: dict, requests: int, threads: int) -> float:
+    """Seconds per request of the unsplit model: one process, ``threads`` threads."""
+    import onnxruntime as ort  # heavy: onnxruntime
+
     so = ort.SessionOptions()
-    so.intra_op_num_threads = len(stages)
+    so.intra_op_num_threads = threads
     so.log_severity_level = 3
     try:
         sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
@@ -355,17 +392,7 @@ def run_pipeline(
             sess.run(None, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
         raise MtppError(f"{model_path}: the unsplit model failed: {one_line(e)}") from None
-    single = (time.perf_counter() - t0) / requests
-    return RunResult(
-        stages=len(stages),
-        requests=requests,
-        throughput=thr,
-        latency=float(np.median(lat)),
-        unsplit_throughput=1.0 / single,
-        unsplit_latency=single,
-        queue_bandwidth=queue_bandwidth(),
-        input_shapes={x: list(v.shape) for x, v in feeds.items()},
-    )
+    return (time.perf_counter() - t0) / requests
 
 
 def run_plan(

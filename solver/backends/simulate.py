@@ -262,6 +262,7 @@ def simulate(
 
 
 def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline, interval, dev):
+    """One pass of ``requests`` requests, request r released at ``r * interval``."""
     if mode not in ("pipelined", "sequential"):
         raise ValueError(mode)
     k = cluster.devices if dev is None else len(dev)
@@ -269,64 +270,98 @@ def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline
     progs = device_programs(g, cluster, a, k, dev)
     order = _device_order(progs, k)
     R = max(1, int(requests))
-    # done[d][r]: when device d finished sending request r (its outputs are on the link)
-    recv_end = np.zeros((k, R))
-    comp_end = np.zeros((k, R))
-    send_end = np.zeros((k, R))
-    start = np.zeros((k, R))
-    busy = np.zeros(k)
-    timeline: list[tuple[int, int, str, float, float]] = []
+    clock = _Clock.empty(k, R)
     seq_free = 0.0  # sequential mode: when the previous request left the whole pipeline
     for r in range(R):
         for d in order:
             p = progs[d]
-            ready = max(
-                (
-                    send_end[s, r] + (p.latency[s] if latency is None else latency)
-                    for s in p.senders
-                ),
-                default=r * interval,
-            )
-            ready = max(ready, r * interval)
+            ready = clock.ready(p, r, interval, latency)
             if mode == "sequential":
                 ready = max(ready, seq_free)
             if overlap:
-                t0 = max(ready, recv_end[d, r - 1] if r else 0.0)
-                recv_end[d, r] = t0 + p.t_recv
-                c0 = max(recv_end[d, r], comp_end[d, r - 1] if r else 0.0)
-                comp_end[d, r] = c0 + p.t_compute
-                s0 = max(comp_end[d, r], send_end[d, r - 1] if r else 0.0)
-                send_end[d, r] = s0 + p.t_send
-                start[d, r] = t0
-                phases = [
-                    ("recv", t0, recv_end[d, r]),
-                    ("compute", c0, comp_end[d, r]),
-                    ("send", s0, send_end[d, r]),
-                ]
+                phases = clock.overlapped(d, r, p, ready)
             else:
-                t0 = max(ready, send_end[d, r - 1] if r else 0.0)
+                t0 = max(ready, clock.send_end[d, r - 1] if r else 0.0)
                 if mode == "sequential":
-                    t0 = max(
-                        t0, max((send_end[x, r] for x in order[: order.index(d)]), default=seq_free)
-                    )
-                start[d, r] = t0
-                recv_end[d, r] = t0 + p.t_recv
-                comp_end[d, r] = recv_end[d, r] + p.t_compute
-                send_end[d, r] = comp_end[d, r] + p.t_send
-                phases = [
-                    ("recv", t0, recv_end[d, r]),
-                    ("compute", recv_end[d, r], comp_end[d, r]),
-                    ("send", comp_end[d, r], send_end[d, r]),
-                ]
-            busy[d] += max(p.t_recv, p.t_compute, p.t_send) if overlap else p.cycle
+                    before = order[: order.index(d)]
+                    t0 = max(t0, max((clock.send_end[x, r] for x in before), default=seq_free))
+                phases = clock.serial(d, r, p, t0)
+            clock.busy[d] += max(p.t_recv, p.t_compute, p.t_send) if overlap else p.cycle
             if r < keep_timeline:
-                timeline += [(d, r, kind, s, e) for kind, s, e in phases if e > s]
+                clock.timeline += [(d, r, kind, s, e) for kind, s, e in phases if e > s]
         if mode == "sequential":
-            seq_free = float(send_end[:, r].max())
-    finish = send_end.max(axis=0)  # when each request left the pipeline
-    begin = np.maximum(start.min(axis=0), np.arange(R) * interval)
-    period = steady_period([recv_end, comp_end, send_end], R)
+            seq_free = float(clock.send_end[:, r].max())
+    return _measured(g, cluster, a, dev, progs, clock, mode, overlap, interval)
+
+
+Phase = tuple[str, float, float]  # (recv | compute | send, start, end)
+
+
+@dataclass
+class _Clock:
+    """Per device d and request r (``[d, r]``): when d started r and when it finished
+    receiving, computing and sending it (its outputs are then on the link); per device its
+    busy time; the phases kept for the Gantt chart."""
+
+    start: np.ndarray
+    recv_end: np.ndarray
+    comp_end: np.ndarray
+    send_end: np.ndarray
+    busy: np.ndarray
+    timeline: list[tuple[int, int, str, float, float]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, k: int, R: int) -> _Clock:
+        return cls(*(np.zeros((k, R)) for _ in range(4)), busy=np.zeros(k))
+
+    def ready(self, p: DeviceProgram, r: int, interval: float, latency: float | None) -> float:
+        """When request r is released and every sender's part of it has arrived."""
+        arrived = max(
+            (
+                self.send_end[s, r] + (p.latency[s] if latency is None else latency)
+                for s in p.senders
+            ),
+            default=r * interval,
+        )
+        return max(arrived, r * interval)
+
+    def overlapped(self, d: int, r: int, p: DeviceProgram, ready: float) -> list[Phase]:
+        """Receive, compute and send engines of their own: each takes request r once it has
+        finished r - 1 and the engine before it has finished r."""
+        t0 = max(ready, self.recv_end[d, r - 1] if r else 0.0)
+        self.recv_end[d, r] = t0 + p.t_recv
+        c0 = max(self.recv_end[d, r], self.comp_end[d, r - 1] if r else 0.0)
+        self.comp_end[d, r] = c0 + p.t_compute
+        s0 = max(self.comp_end[d, r], self.send_end[d, r - 1] if r else 0.0)
+        self.send_end[d, r] = s0 + p.t_send
+        self.start[d, r] = t0
+        return [
+            ("recv", t0, self.recv_end[d, r]),
+            ("compute", c0, self.comp_end[d, r]),
+            ("send", s0, self.send_end[d, r]),
+        ]
+
+    def serial(self, d: int, r: int, p: DeviceProgram, t0: float) -> list[Phase]:
+        """Receive, compute and send one after the other from ``t0``."""
+        self.start[d, r] = t0
+        self.recv_end[d, r] = t0 + p.t_recv
+        self.comp_end[d, r] = self.recv_end[d, r] + p.t_compute
+        self.send_end[d, r] = self.comp_end[d, r] + p.t_send
+        return [
+            ("recv", t0, self.recv_end[d, r]),
+            ("compute", self.recv_end[d, r], self.comp_end[d, r]),
+            ("send", self.comp_end[d, r], self.send_end[d, r]),
+        ]
+
+
+def _measured(g, cluster, a, dev, progs, clock: _Clock, mode, overlap, interval) -> Simulation:
+    """The run's period, latencies, utilisation, memory and violations."""
+    k, R = clock.send_end.shape
+    finish = clock.send_end.max(axis=0)  # when each request left the pipeline
+    begin = np.maximum(clock.start.min(axis=0), np.arange(R) * interval)
+    period = steady_period([clock.recv_end, clock.comp_end, clock.send_end], R)
     makespan = float(finish[-1])
+    busy = clock.busy
     bad = validate(g, cluster, a, k, placement=dev)
     act_peak = np.array([liveness_peak(g, a, d, progs[d]) for d in range(k)])
     return Simulation(
@@ -344,7 +379,7 @@ def _run(g, cluster, assignment, requests, mode, overlap, latency, keep_timeline
         activation_peak=act_peak,
         valid=not bad,
         violations=[str(v) for v in bad],
-        timeline=timeline,
+        timeline=clock.timeline,
     )
 
 
