@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_usage()
         return _fail(
-            f"mtpp: error: name a command: {', '.join(c.name for c in COMMANDS)} "
-            "(see mtpp --help)",
+            f"mtpp: error: name a command: {', '.join(c.name for c in COMMANDS)} (see mtpp --help)",
             EXIT_USER,
         )
     try:

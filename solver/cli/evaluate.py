@@ -36,6 +36,7 @@ def check_claim(plan, data: dict, recorded_cluster) -> dict:
     numbers. The claim is "consistent" or says why not; it is ``used`` for the status only
     when consistent, made for this cluster (by content: the name may differ), and its bound
     proves that status."""
+
     def number(x) -> bool:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             return False
@@ -167,4 +168,3 @@ def cmd_evaluate_joint(args: argparse.Namespace, plan_file) -> int:
     for v in violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")
     return 1 if violations else 0
-

@@ -26,6 +26,7 @@ from solver.core.units import format_bytes
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Write the sharded ONNX model of a pipeline plan (a joint plan: one folder per stage)."""
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
@@ -58,10 +59,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         report["out"] = args.out
         print_json(report)
-        return 0 if ok else 1
-    con = console()
+    else:
+        print_export(console(), args.out, report, ok)
+    return 0 if ok else 1
+
+
+def print_export(con, out: str, report: dict, ok: bool) -> None:
+    """What a pipeline export wrote (files, external weights, stages) and its verification."""
     con.print(
-        f"wrote {esc(args.out)}: annotated.onnx, "
+        f"wrote {esc(out)}: annotated.onnx, "
         + ", ".join(st["file"] for st in report["stages"] if st["file"])
         + ", sharding.yaml, stages.json"
     )
@@ -91,7 +97,6 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"  [red]{esc(name)}: max abs diff {fmt(v['per_output'][name])} exceeds its "
                 f"tolerance {v['tolerance_per_output'][name]:g}[/red]"
             )
-    return 0 if ok else 1
 
 
 def tolerance_text(v: dict) -> str:

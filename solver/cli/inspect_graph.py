@@ -60,7 +60,6 @@ def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
     from rich import box
     from rich.table import Table
 
-
     con.print(f"[bold]graph[/bold] {esc(g.name)}")
     t = Table(show_header=False, box=box.SIMPLE, pad_edge=False)
     t.add_column(no_wrap=True)

@@ -525,4 +525,3 @@ def add_shard_parser(sub) -> None:
         "--seed", type=int, default=0, help="seed of --verify's inputs and of CP-SAT (default 0)"
     )
     add_json(p)
-

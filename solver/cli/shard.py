@@ -92,7 +92,6 @@ def human_table(program, plan: dict):
     """A rich table of a sharding result: one row per operator."""
     from rich.table import Table
 
-
     t = Table(title=f"mtpp shard: {esc(plan['model'])} on mesh {plan['mesh']['shape']}")
     for col in ("node", "op", "strategy", "local out shape", "compute", "communication"):
         t.add_column(

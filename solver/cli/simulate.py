@@ -87,7 +87,6 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
     from rich import box
     from rich.table import Table
 
-
     con.print(
         f"[bold]simulation[/bold]: graph {esc(graph_name)}, {args.requests} requests, "
         f"{args.mode}" + (" with overlap" if args.overlap else "")
@@ -148,7 +147,6 @@ def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
     """The pipeline in words, one row per stage (its parts and collectives), violations."""
     from rich import box
     from rich.table import Table
-
 
     sim = js.sim
     con.print(

@@ -99,7 +99,6 @@ def print_plan(
         con.print(f"[red]invalid:[/red] {esc(v)}")
 
 
-
 _print_plan = print_plan  # the name tests/test_cli.py imports
 
 TIME_COLUMNS = (("work", "work"), ("io in", "io_in"), ("io out", "io_out"))
@@ -112,7 +111,6 @@ def block_table(plan):
     columns, units in the header; 9 narrow columns without side borders fit 80 columns."""
     from rich import box
     from rich.table import Table
-
 
     rows = _block_rows(plan)
     full = [r for _, r in rows if r is not None]
@@ -278,7 +276,6 @@ def print_joint_plan(plan, con=None) -> None:
     """The joint plan in words and a per-stage table."""
     from rich import box
     from rich.table import Table
-
 
     con = con or console()
     con.print(f"[bold]joint plan[/bold]: model {esc(plan.model_name)}, space {esc(plan.space)}")
