@@ -24,6 +24,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from solver.core.errors import MtppError
@@ -243,73 +244,26 @@ class RaySweep:
         ray = require_ray()
         graphs, clusters = self._inputs(todo, out, finish)
         queue = [r for r in todo if not isinstance(graphs[r["graph_index"]], MtppError)]
-        cpus = self.cpus_by_method()
-        fn = runs.solve_run  # looked up now: a test may replace it
-        task = ray.remote(run_task)
-        pending: dict[object, tuple[dict, float]] = {}  # ref -> (run, deadline)
-        stopping: dict[object, dict] = {}  # timed-out tasks, cancelled until they report back
-
-        def submit() -> None:
-            """Submit while the cluster has free CPUs (so a submitted task starts soon and
-            its time-out counts from about its start); always at least one task."""
-            total = require_ray().cluster_resources().get("CPU", 0)
-            used = sum(cpus[r["method"]] for r, _ in pending.values())
-            used += sum(cpus[r["method"]] for r in stopping.values())
-            while queue and (not pending or used + cpus[queue[0]["method"]] <= total):
-                r = queue.pop(0)
-                gs = self.cfg.graphs[r["graph_index"]]
-                c = self.cfg.clusters[r["cluster_index"]]
-                spec = c if isinstance(c, dict) or c == "file" else cluster_ref(c, self.base)
-                n = cpus[r["method"]]
-                ref = task.options(num_cpus=n, max_retries=TASK_RETRIES).remote(
-                    fn,
-                    r,
-                    gs.model_dump(by_alias=True),
-                    graphs[r["graph_index"]],
-                    spec,
-                    clusters.get(r["cluster_index"]),
-                    n,
-                )
-                limit = TIMEOUT_FACTOR * r["time_limit"] + TIMEOUT_GRACE
-                pending[ref] = (r, time.monotonic() + limit)
-                used += n
-
-        def collect(ref) -> None:
-            """Record a finished task; it stays pending until its result is in hand, so that
-            Ctrl-C meanwhile still finds it."""
-            r = pending[ref][0]
-            try:
-                rec = ray.get(ref)
-            except Exception as e:  # the run raised, or Ray lost its worker
-                rec = runs.failed(r, _reason(e))
-            del pending[ref]
-            finish(r, rec)
-
+        tasks = _Tasks(self, queue, graphs, clusters, finish)
         try:
-            submit()
-            while pending:
-                for ref in _wait(list(pending), POLL_SECONDS):
-                    collect(ref)
-                now = time.monotonic()
-                for ref, (r, deadline) in list(pending.items()):
-                    if now > deadline:
-                        del pending[ref]
-                        stopping[ref] = r
-                        limit = TIMEOUT_FACTOR * r["time_limit"] + TIMEOUT_GRACE
-                        finish(r, runs.failed(r, f"timed out: stopped after {limit:g} s", limit))
-                self._stop(stopping)
-                submit()
-            self._cancel(stopping)
+            tasks.submit()
+            while tasks.pending:
+                for ref in _wait(list(tasks.pending), POLL_SECONDS):
+                    tasks.collect(ref)
+                tasks.time_out()
+                self._stop(tasks.stopping)
+                tasks.submit()
+            self._cancel(tasks.stopping)
         except KeyboardInterrupt:
             with sigint_deferred():
-                refs = list(pending)
+                refs = list(tasks.pending)
                 ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
                 for ref in ready:  # finished while we were interrupted: keep them
-                    collect(ref)
-                self._cancel({**pending, **stopping})
+                    tasks.collect(ref)
+                self._cancel({**tasks.pending, **tasks.stopping})
             return True
         except BaseException:
-            self._cancel({**pending, **stopping})
+            self._cancel({**tasks.pending, **tasks.stopping})
             raise
         return False
 
@@ -344,3 +298,81 @@ class RaySweep:
             if refs and time.monotonic() > deadline:
                 warn(f"{len(refs)} Ray task(s) did not stop when cancelled; they run to the end")
                 return
+
+
+# ---------------------------------------------------------------------- the tasks of one sweep
+def _limit(r: dict) -> float:
+    """Seconds after which the run's task is stopped."""
+    return TIMEOUT_FACTOR * r["time_limit"] + TIMEOUT_GRACE
+
+
+@dataclass
+class _Submitted:
+    """A run whose Ray task is submitted, and when it times out (time.monotonic)."""
+
+    run: dict
+    deadline: float
+
+
+class _Tasks:
+    """The Ray tasks of one sweep, on the driver: the queued runs, the submitted ones (by
+    object ref) and the timed-out ones, cancelled until they report back."""
+
+    def __init__(self, sweep: RaySweep, queue: list[dict], graphs: dict, clusters: dict, finish):
+        self.sweep, self.queue, self.graphs, self.clusters = sweep, queue, graphs, clusters
+        self.finish = finish
+        self.cpus = sweep.cpus_by_method()
+        self.fn = runs.solve_run  # looked up now: a test may replace it
+        self.task = require_ray().remote(run_task)
+        self.pending: dict[object, _Submitted] = {}
+        self.stopping: dict[object, dict] = {}
+
+    def submit(self) -> None:
+        """Submit while the cluster has free CPUs (so a submitted task starts soon and its
+        time-out counts from about its start); always at least one task."""
+        cpus = self.cpus
+        total = require_ray().cluster_resources().get("CPU", 0)
+        used = sum(cpus[t.run["method"]] for t in self.pending.values())
+        used += sum(cpus[r["method"]] for r in self.stopping.values())
+        while self.queue and (not self.pending or used + cpus[self.queue[0]["method"]] <= total):
+            r = self.queue.pop(0)
+            n = cpus[r["method"]]
+            ref = self.task.options(num_cpus=n, max_retries=TASK_RETRIES).remote(
+                self.fn,
+                r,
+                self.sweep.cfg.graphs[r["graph_index"]].model_dump(by_alias=True),
+                self.graphs[r["graph_index"]],
+                self._cluster_spec(r),
+                self.clusters.get(r["cluster_index"]),
+                n,
+            )
+            self.pending[ref] = _Submitted(r, time.monotonic() + _limit(r))
+            used += n
+
+    def _cluster_spec(self, r: dict):
+        """The run's cluster as the task takes it: inline, "file", or a preset or YAML path."""
+        c = self.sweep.cfg.clusters[r["cluster_index"]]
+        return c if isinstance(c, dict) or c == "file" else cluster_ref(c, self.sweep.base)
+
+    def collect(self, ref) -> None:
+        """Record a finished task; it stays pending until its result is in hand, so that
+        Ctrl-C meanwhile still finds it."""
+        r = self.pending[ref].run
+        try:
+            rec = require_ray().get(ref)
+        except Exception as e:  # the run raised, or Ray lost its worker
+            rec = runs.failed(r, _reason(e))
+        del self.pending[ref]
+        self.finish(r, rec)
+
+    def time_out(self) -> None:
+        """Record the tasks past their deadline as failed; they are cancelled from now on."""
+        now = time.monotonic()
+        for ref, t in list(self.pending.items()):
+            if now > t.deadline:
+                del self.pending[ref]
+                self.stopping[ref] = t.run
+                limit = _limit(t.run)
+                self.finish(
+                    t.run, runs.failed(t.run, f"timed out: stopped after {limit:g} s", limit)
+                )
