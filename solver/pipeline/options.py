@@ -15,7 +15,7 @@ import numpy as np
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.core.options import check_search_options
-from solver.core.progress import NULL_PROGRESS, Progress
+from solver.core.progress import NULL_PROGRESS, NullProgress, Progress
 from solver.core.units import format_bytes
 from solver.pipeline.heuristics.slicing import slice_table_bytes
 
@@ -52,8 +52,12 @@ class SolveOptions:
     spent_before: float = 0.0
 
     def watcher(self) -> Progress:
-        """Where a method reports its progress: ``reporter`` with ``progress``, else nobody."""
-        return self.reporter if self.progress else NULL_PROGRESS
+        """Where a method reports its progress: ``reporter`` with ``progress``, else nobody
+        (always :data:`NULL_PROGRESS` itself then, also for a copied or unpickled null one, so
+        that a method can skip work only a watcher needs)."""
+        if not self.progress or isinstance(self.reporter, NullProgress):
+            return NULL_PROGRESS
+        return self.reporter
 
 
 # ---------------------------------------------------------------- option checking
