@@ -124,47 +124,61 @@ def enumerate_ideals(
     return mat
 
 
+def _group_counts(S: np.ndarray, members: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """For every row of ``S`` (bool, rows x nodes) and every group ``members[ptr[i]:ptr[i+1]]``,
+    how many of the group's nodes the row holds (a running sum, differenced at the ends)."""
+    run = np.zeros((len(S), len(members) + 1), dtype=np.int32)
+    np.cumsum(S[:, members], axis=1, dtype=np.int32, out=run[:, 1:])
+    return run[:, ptr[1:]] - run[:, ptr[:-1]]
+
+
 class _BlockCosts:
-    """f(S) for many node sets S at once (rows of a bool matrix)."""
+    """f(S) for many node sets S at once (rows of a bool matrix). A tensor crosses S when S
+    holds some but not all of its members (producer and consumers, each once)."""
 
     def __init__(self, g: Graph, cluster: Cluster, only: np.ndarray | None = None):
         """``only``: a bool mask of the tensors whose io is counted (default: all)."""
         self.g, self.c = g, cluster
-        pt = g.pair_tensor
-        order = np.argsort(pt, kind="stable")
+        keep = np.diff(g.t_ptr) > 0  # a tensor without consumers never moves
         if only is not None:
-            order = order[only[pt[order]]]
-        self.cons = g.t_cons[order]
-        self.cons_tensor = pt[order]
-        some = len(self.cons_tensor) > 0
-        starts = np.flatnonzero(np.r_[True, np.diff(self.cons_tensor) != 0]) if some else []
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.tensors = self.cons_tensor[self.starts] if some else np.zeros(0, np.int64)
+            keep &= only
+        self.tensors = np.flatnonzero(keep)
+        sets = [
+            np.unique(np.r_[g.t_producer[t], g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]])
+            for t in self.tensors.tolist()
+        ]
+        self.members = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, np.int64)
+        self.ptr = np.r_[0, np.cumsum([len(x) for x in sets])].astype(np.int64)
+        self.size = np.diff(self.ptr)
         self.io = g.t_size[self.tensors] / cluster.link_bandwidth
-        self.prod = g.t_producer[self.tensors]
-        self.p_starts = g.p_ptr[:-1]
         self.mem = math.isfinite(cluster.fast_memory) or cluster.capacity is not None
+        users = np.diff(g.p_ptr)
+        self.own = np.zeros(g.n)
+        single = np.flatnonzero(users == 1)
+        np.add.at(self.own, g.p_users[g.p_ptr[single]], g.p_size[single])
+        self.shared = np.flatnonzero(users > 1)
 
     def io_of(self, S: np.ndarray) -> np.ndarray:
         """io_in(S) + io_out(S) of every row (of the counted tensors)."""
         if not len(self.tensors):
             return np.zeros(len(S))
-        inside = S[:, self.cons]
-        any_in = np.logical_or.reduceat(inside, self.starts, axis=1)
-        all_in = np.logical_and.reduceat(inside, self.starts, axis=1)
-        p_in = S[:, self.prod]
-        crossing = (~p_in & any_in) | (p_in & ~all_in)
-        return crossing.astype(np.float64) @ self.io
+        cnt = _group_counts(S, self.members, self.ptr)
+        return ((cnt > 0) & (cnt < self.size)).astype(np.float64) @ self.io
+
+    def params_of(self, S: np.ndarray) -> np.ndarray:
+        """The parameter bytes each row stores."""
+        g = self.g
+        params = S.astype(np.float64) @ self.own
+        for p in self.shared.tolist():
+            params += g.p_size[p] * S[:, g.p_users[g.p_ptr[p] : g.p_ptr[p + 1]]].any(axis=1)
+        return params
 
     def __call__(self, S: np.ndarray, work: np.ndarray | None = None) -> np.ndarray:
         """f of every row; ``work``: the rows' work when the caller knows it."""
         g, c = self.g, self.c
         f = (S.astype(np.float64) @ g.work if work is None else work) + self.io_of(S)
         if self.mem:
-            params = np.zeros(len(S))
-            if g.num_params:
-                used = np.logical_or.reduceat(S[:, g.p_users], self.p_starts, axis=1)
-                params = used @ g.p_size
+            params = self.params_of(S)
             peak = (S * g.act).max(axis=1) if S.shape[1] else np.zeros(len(S))
             if math.isfinite(c.fast_memory):
                 f = f + np.maximum(0.0, params + peak - c.fast_memory) / c.slow_memory_bandwidth
@@ -366,9 +380,7 @@ def _subsets(nodes: np.ndarray) -> list[np.ndarray]:
 def _counts(ideals: np.ndarray, members: np.ndarray, ptr: np.ndarray) -> np.ndarray:
     """For every ideal (row) and every group ``members[ptr[i]:ptr[i + 1]]`` (non-empty), how
     many of the group's nodes the ideal holds."""
-    if not len(ptr) - 1:
-        return np.zeros((len(ideals), 0), dtype=np.int32)
-    return np.add.reduceat(ideals[:, members].astype(np.int32), ptr[:-1], axis=1)
+    return _group_counts(ideals, members, ptr)
 
 
 @dataclass(frozen=True)
@@ -611,14 +623,18 @@ def _block_rows(a: np.ndarray, k: int) -> np.ndarray:
 
 def _best_move(cost: _BlockCosts, a: np.ndarray, nodes: np.ndarray, k: int) -> _Move:
     """The block that ``nodes`` (free, moved together) make the plan cheapest on, by (largest
-    block cost, sum of block costs); nodes with a = -1 are left out of every block."""
+    block cost, sum of block costs); nodes with a = -1 are left out of every block. Option b
+    changes block b only (and the block the nodes leave): 2k block costs price all k options."""
     moved = a.copy()
     moved[nodes] = -1
-    rows = np.repeat(_block_rows(moved, k)[None], k, axis=0)  # option b, block j
-    for b in range(k):
-        rows[b, b, nodes] = True
-    f = cost(rows.reshape(k * k, -1)).reshape(k, k)
-    worst, total = f.max(axis=1), f.sum(axis=1)
+    without = _block_rows(moved, k)
+    joined = without.copy()
+    joined[:, nodes] = True
+    f = cost(np.vstack([without, joined]))
+    base, grown = f[:k], f[k:]
+    rest = [np.delete(base, b) for b in range(k)]  # the other blocks (inf - inf is avoided)
+    worst = np.array([max(grown[b], r.max(initial=0.0)) for b, r in enumerate(rest)])
+    total = np.array([grown[b] + r.sum() for b, r in enumerate(rest)])
     b = int(np.lexsort((total, worst))[0])
     return _Move(b, float(worst[b]), float(total[b]))
 
