@@ -107,8 +107,9 @@ class _Processes:
 
     def __enter__(self) -> _Processes:
         try:
-            for p in self.procs:
-                p.start()
+            with _sigint_blocked():  # a child inherits the mask: no Ctrl-C while it imports
+                for p in self.procs:
+                    p.start()
         except BaseException:
             self.close()
             raise
@@ -251,6 +252,22 @@ def _no_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT while inside (main thread only): a Ctrl-C that arrives meanwhile is
+    delivered when it is unblocked. A child started inside inherits the blocked signal across
+    exec, so a stage still importing when Ctrl-C reaches the process group does not die with a
+    traceback; once running it ignores SIGINT, and the driver stops it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
