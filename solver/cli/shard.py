@@ -13,22 +13,44 @@ from solver.cli.common import console, input_paths, parse_dims, print_json
 from solver.cli.progress import SolveProgress
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
+from solver.core.options import check_spmd_options
 from solver.core.text import esc
 from solver.core.units import format_bytes, format_time
+from solver.spmd.plan import ShardResult
 from solver.spmd.program import fmt_strategy
-from solver.spmd.report import plan_dict
-from solver.spmd.solve import check_options, solve_sharding
+from solver.spmd.solve import solve_sharding
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
+    """Choose a sharding strategy per operator, optionally run it (--verify), write it (--out)."""
     if Path(args.model).suffix.lower() != ".onnx":
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
-    check_options(args.time_limit, args.workers, args.seed)
+    check_spmd_options(args.time_limit, args.workers, args.seed)
     if args.out is not None:
         check_output_dir(args.out, input_paths(args), force=args.force, what="--out")
+    res = _solve(args)
+    plan = res.to_dict()
+    plan["warnings"] = _replicated_warning(res.planner)
+    if args.verify:
+        plan["verify"] = verify(res.planner, res.program, seed=args.seed)
+    if args.out is not None:
+        write_out(args.out, res.planner.sm, res.strategies, plan)
+        plan["out"] = args.out
+    for w in plan["warnings"]:
+        print(f"mtpp: warning: {w}", file=sys.stderr)
+    if args.json:
+        print_json(plan)
+    else:
+        print_shard(console(), res, plan)
+    ok = plan["verify"]["ok"] if args.verify else True
+    return 0 if ok else 1
+
+
+def _solve(args: argparse.Namespace) -> ShardResult:
+    """The sharding search, its progress on stderr for --method cpsat (not with --json)."""
     show = args.method == "cpsat" and not args.json
     with SolveProgress(show, f"shard {Path(args.model).name}") as progress:
-        res = solve_sharding(
+        return solve_sharding(
             args.model,
             devices=args.devices,
             mesh=args.mesh,
@@ -42,35 +64,19 @@ def cmd_shard(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=progress if show else None,
         )
-    planner, program = res.planner, res.program
-    plan = plan_dict(planner, program, args.method, res.status)
-    plan["cluster"] = planner.cluster.to_dict()
-    plan["configured"] = sorted(res.configured)
-    plan["memory_limit"] = res.memory_limit
-    plan["lower_bound"] = res.lower_bound
-    plan["gap"] = res.gap
-    plan["wall_seconds"] = res.wall_seconds
-    plan["stats"] = res.stats
-    warnings = []
-    if planner.replicated_ops:
-        warnings.append(
-            "no sharding rule for " + ", ".join(planner.replicated_ops) + "; they run replicated"
-        )
-    plan["warnings"] = warnings
-    ok = True
-    if args.verify:
-        plan["verify"] = verify(planner, program, seed=args.seed)
-        ok = plan["verify"]["ok"]
-    if args.out is not None:
-        write_out(args.out, planner.sm, res.strategies, plan)
-        plan["out"] = args.out
-    for w in warnings:
-        print(f"mtpp: warning: {w}", file=sys.stderr)
-    if args.json:
-        print_json(plan)
-        return 0 if ok else 1
-    con = console()
-    con.print(human_table(program, plan))
+
+
+def _replicated_warning(planner) -> list[str]:
+    """The operators no sharding rule covers (they run replicated), as a warning."""
+    if not planner.replicated_ops:
+        return []
+    ops = ", ".join(planner.replicated_ops)
+    return [f"no sharding rule for {ops}; they run replicated"]
+
+
+def print_shard(con, res: ShardResult, plan: dict) -> None:
+    """The sharding result: the table, its totals, the bound, the verification, the files."""
+    con.print(human_table(res.program, plan))
     for line in totals_lines(plan):
         con.print(esc(line))
     if res.lower_bound is not None:
@@ -78,14 +84,13 @@ def cmd_shard(args: argparse.Namespace) -> int:
             f"lower bound {format_time(res.lower_bound)} (every plan), gap "
             f"{100 * (res.gap or 0.0):.3g}%, {res.wall_seconds:.2f} s"
         )
-    if args.verify:
+    if "verify" in plan:
         v = plan["verify"]
         con.print(f"verify: {'ok' if v['ok'] else 'FAILED'}, max abs diff {v['max_abs_diff']}")
         if not v["ok"]:
             con.print(f"  [red]{esc(v.get('error') or 'an output differs')}[/red]")
-    if args.out is not None:
-        con.print(f"wrote {esc(args.out)}: strategies.yaml, plan.json, annotated.onnx")
-    return 0 if ok else 1
+    if "out" in plan:
+        con.print(f"wrote {esc(plan['out'])}: strategies.yaml, plan.json, annotated.onnx")
 
 
 def human_table(program, plan: dict):
