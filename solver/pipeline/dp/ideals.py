@@ -132,6 +132,14 @@ def _group_counts(S: np.ndarray, members: np.ndarray, ptr: np.ndarray) -> np.nda
     return run[:, ptr[1:]] - run[:, ptr[:-1]]
 
 
+def _single_user_params(g: Graph) -> np.ndarray:
+    """Per node, the bytes of the parameters it alone uses (stored by its block, always)."""
+    own = np.zeros(g.n)
+    single = np.flatnonzero(np.diff(g.p_ptr) == 1)
+    np.add.at(own, g.p_users[g.p_ptr[single]], g.p_size[single])
+    return own
+
+
 class _BlockCosts:
     """f(S) for many node sets S at once (rows of a bool matrix). A tensor crosses S when S
     holds some but not all of its members (producer and consumers, each once)."""
@@ -152,11 +160,8 @@ class _BlockCosts:
         self.size = np.diff(self.ptr)
         self.io = g.t_size[self.tensors] / cluster.link_bandwidth
         self.mem = math.isfinite(cluster.fast_memory) or cluster.capacity is not None
-        users = np.diff(g.p_ptr)
-        self.own = np.zeros(g.n)
-        single = np.flatnonzero(users == 1)
-        np.add.at(self.own, g.p_users[g.p_ptr[single]], g.p_size[single])
-        self.shared = np.flatnonzero(users > 1)
+        self.own = _single_user_params(g)
+        self.shared = np.flatnonzero(np.diff(g.p_ptr) > 1)
 
     def io_of(self, S: np.ndarray) -> np.ndarray:
         """io_in(S) + io_out(S) of every row (of the counted tensors)."""
@@ -254,6 +259,7 @@ def ideal_dp(
 # that plan's cost meets the bound it is optimal.
 MAX_COMPONENT = 8  # free nodes of one component priced by enumeration (2^8 subsets)
 PAIR_CHUNK = 20_000  # pairs of ideals priced at once
+MAX_PAIRS = 6_000_000  # pairs of ideals listed in one window (about 24 bytes each, and copies)
 EPS = 1e-9  # the bound is reported this much (relative) low, for float rounding
 
 
@@ -357,13 +363,19 @@ def _pair_list(
 ) -> _Pairs:
     """Every pair I < J of ideals whose block J minus I has work in (``above``, ``lim``]."""
     packed = np.packbits(ideals, axis=1)
-    los, his = [], []
+    los, his, count = [], [], 0
     for r in range(1, len(ideals)):
         if r % 256 == 0 and time.perf_counter() > deadline:
             raise _timeout(f"listing the blocks ({r:,} of {len(ideals):,} ideals)")
         w = work[r] - work[:r]
         idx = np.flatnonzero((w <= lim) & (w > above))
         idx = idx[~np.any(packed[idx] & ~packed[r], axis=1)]
+        count += len(idx)
+        if count > MAX_PAIRS:
+            raise MtppError(
+                f"idealdp: more than {MAX_PAIRS:,} blocks (pairs of ideals) to price; "
+                "use --method cpsat"
+            )
         los.append(idx)
         his.append(np.full(len(idx), r, dtype=np.int64))
     lo = np.concatenate(los) if los else np.zeros(0, np.int64)
@@ -459,10 +471,7 @@ class _PairCosts:
         self.io = np.r_[tab.io, 0.0]
         self.work = ideals.astype(np.float64) @ g.work
         users = np.diff(g.p_ptr)
-        own = np.zeros(g.n)
-        single = np.flatnonzero(users == 1)
-        np.add.at(own, g.p_users[g.p_ptr[single]], g.p_size[single])
-        self.own = ideals.astype(np.float64) @ own  # parameters with one user: prefix sums
+        self.own = ideals.astype(np.float64) @ _single_user_params(g)  # prefix sums
         self.shared = np.flatnonzero(users > 1)
         spans = [np.arange(g.p_ptr[p], g.p_ptr[p + 1]) for p in self.shared.tolist()]
         members = g.p_users[np.concatenate(spans)] if spans else np.zeros(0, np.int64)
