@@ -16,7 +16,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -314,7 +314,7 @@ def check_shard(cfg: ExperimentConfig, base: Path, bench: Path, path: Path) -> N
         _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
     except MtppError as e:
         raise MtppError(f"{path}: {e} (a sharding method takes a 'label:')") from None
-    names = [graph_source(gs, base, bench)[0] for gs in cfg.graphs if _is_onnx(gs)]
+    names = [graph_source(gs, base, bench).label for gs in cfg.graphs if _is_onnx(gs)]
     for i, m in enumerate(sh.method_specs()):
         if m.config is None:
             continue
@@ -429,8 +429,15 @@ def _find(val: str, base: Path) -> Path:
     raise MtppError(f"{val}: no such file (looked beside the config and in the current folder)")
 
 
-def graph_source(gs: GraphSpec, base: Path, bench: Path) -> tuple[str, Path | None]:
-    """(label, file) of a graph spec; generated graphs have no file until built."""
+class GraphSource(NamedTuple):
+    """A graph spec's display label and its file (None for a generated graph until built)."""
+
+    label: str
+    path: Path | None
+
+
+def graph_source(gs: GraphSpec, base: Path, bench: Path) -> GraphSource:
+    """The label and file of a graph spec; generated graphs have no file until built."""
     if gs.dnnpart is not None:
         p = benchdata.graph_path(gs.dnnpart, bench)
         if not p.is_file():
@@ -438,29 +445,29 @@ def graph_source(gs: GraphSpec, base: Path, bench: Path) -> tuple[str, Path | No
                 f"dnn-partitioning graph {gs.dnnpart!r} not found at {p}; set the benchmark "
                 f"folder with 'benchmark_dir:' in the config or ${benchdata.ENV_VAR}"
             )
-        return gs.name or gs.dnnpart, p
+        return GraphSource(gs.name or gs.dnnpart, p)
     if gs.zoo is not None:
         import onnx  # heavy: onnx (the zoo models ship in its wheel)
 
         p = Path(onnx.__file__).parent / "backend/test/data/light" / f"light_{gs.zoo}.onnx"
         if not p.exists():
             raise MtppError(f"zoo model {gs.zoo!r} is not in the onnx wheel (light_{gs.zoo}.onnx)")
-        return gs.name or gs.zoo, p
+        return GraphSource(gs.name or gs.zoo, p)
     for key in ("onnx", "json_file"):
         val = getattr(gs, key)
         if val is not None:
-            return gs.name or Path(val).stem, _find(val, base)
+            return GraphSource(gs.name or Path(val).stem, _find(val, base))
     if gs.generate is not None:
         if gs.generate not in BUILDERS:
             raise MtppError(
                 f"generate: unknown model {gs.generate!r}; choose one of {', '.join(BUILDERS)}"
             )
         label = gs.name or gs.generate + "".join(f"-{k}{v}" for k, v in sorted(gs.params.items()))
-        return label, None
+        return GraphSource(label, None)
     label = gs.name or f"layered-{gs.layered}" + "".join(
         f"-{k}{v}" for k, v in sorted(gs.params.items())
     )
-    return label, None
+    return GraphSource(label, None)
 
 
 # ---------------------------------------------------------------------- run ids
@@ -514,7 +521,7 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
     for gs in cfg.graphs:
         label, path = graph_source(gs, base, bench)
         graphs.append((label, graph_identity(gs, path)))
-    labels = [x[0] for x in graphs]
+    labels = [label for label, _ in graphs]
     clusters = [cluster_identity(c, base) for c in cfg.clusters]
     runs = []
     for gi, (label, g_ident) in enumerate(graphs):

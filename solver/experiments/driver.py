@@ -119,7 +119,7 @@ def run_experiment(
     backend, address = choose_backend(cfg, backend, address, jobs)
     bench = benchdata.benchmark_dir(cfg.benchmark_dir, base)
     out = Path(output)
-    files = [graph_source(gs, base, bench)[1] for gs in cfg.graphs]
+    files = [graph_source(gs, base, bench).path for gs in cfg.graphs]
     check_output(out, [Path(config), *[f for f in files if f is not None]], resume)
     jobs = 1 if jobs is None else jobs
     runs = _expand_with_warnings(cfg, base, backend, jobs)
