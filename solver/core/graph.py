@@ -13,6 +13,11 @@ edge; training graphs in the dnn-partitioning format order only their forward ed
 Parameters are entities with a size and a set of user nodes: a block stores a parameter once
 if any of its nodes uses it. Co-location groups are nodes that must share a block.
 
+Training plans (docs/training.md) read two optional per-node arrays: ``work_backward``
+(seconds of the node's backward; default 2 x work, :attr:`Graph.backward_work`) and ``stash``
+(bytes the node keeps per in-flight microbatch until its backward; default its output bytes,
+:attr:`Graph.stash_bytes`). A graph without them behaves exactly as before.
+
 networkx is used only where an algorithm needs it (cycle reporting, strong components).
 """
 
@@ -83,6 +88,8 @@ class Graph:
     flops: FloatArray | None = None
     op_types: tuple[str, ...] | None = None
     hints: dict = field(default_factory=dict)
+    work_backward: FloatArray | None = None  # as given; None: 2 x work (backward_work)
+    stash: FloatArray | None = None  # as given; None: the output bytes (stash_bytes)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -101,6 +108,8 @@ class Graph:
         flops: Sequence[float] | np.ndarray | None = None,
         op_types: Sequence[str] | None = None,
         hints: dict | None = None,
+        work_backward: Sequence[float] | np.ndarray | None = None,
+        stash: Sequence[float] | np.ndarray | None = None,
     ) -> Graph:
         """Validate and build a graph with one output tensor per node.
 
@@ -108,6 +117,8 @@ class Graph:
         edge i also constrains the block order (default: all do). ``params`` are
         ``(name, bytes, user node indices)``. ``act`` defaults to each node's output bytes plus
         the output bytes of its distinct data predecessors (the largest single-op working set).
+        ``work_backward`` (seconds) and ``stash`` (bytes per in-flight microbatch) are the
+        optional training costs (default 2 x work and sizeout).
 
         >>> g = Graph.build(["a", "b"], [1.0, 2.0], [8, 4], [(0, 1)])
         >>> g.n, g.m, g.act.tolist()
@@ -140,6 +151,8 @@ class Graph:
             flops=None if flops is None else _costs(flops, n, names, "flops"),
             op_types=None if op_types is None else tuple(op_types),
             hints=dict(hints or {}),
+            work_backward=_optional_costs(work_backward, n, names, "work_backward"),
+            stash=_optional_costs(stash, n, names, "stash"),
         )
         g.topo_order  # noqa: B018  -- raises MtppError naming a node on a cycle
         return g
@@ -167,6 +180,18 @@ class Graph:
     def sizeout(self) -> FloatArray:
         """Bytes of each node's output tensors."""
         return np.bincount(self.t_producer, weights=self.t_size, minlength=self.n)
+
+    @cached_property
+    def backward_work(self) -> FloatArray:
+        """Seconds of each node's backward (gradients) on the reference device: the given
+        ``work_backward``, or 2 x work (two matrix products per forward one)."""
+        return 2.0 * self.work if self.work_backward is None else self.work_backward
+
+    @cached_property
+    def stash_bytes(self) -> FloatArray:
+        """Bytes each node keeps per in-flight microbatch until its backward runs: the given
+        ``stash``, or its output bytes (sizeout)."""
+        return self.sizeout if self.stash is None else self.stash
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -282,7 +307,8 @@ class Graph:
             raise MtppError(f"no node named {name!r} in graph {self.name!r}") from None
 
     def with_work(self, work: np.ndarray) -> Graph:
-        """The same graph with other per-node work (e.g. roofline times for another cluster)."""
+        """The same graph with other per-node work (e.g. roofline times for another cluster);
+        a given ``work_backward`` is kept, the default (2 x work) follows the new work."""
         return replace(self, work=_costs(work, self.n, self.names, "work"))
 
 
@@ -427,6 +453,11 @@ def _costs(values, n: int, names: Sequence[str], what: str) -> FloatArray:
     return a
 
 
+def _optional_costs(values, n: int, names: Sequence[str], what: str) -> FloatArray | None:
+    """:func:`_costs` of an optional per-node array (None stays None: the default applies)."""
+    return None if values is None else _costs(values, n, names, what)
+
+
 def _groups(colocate: Iterable[Sequence[int]], n: int, names: Sequence[str]) -> IntArray:
     """Union-find over the co-location lists; -1 for nodes in no group."""
     parent = list(range(n))
@@ -490,6 +521,11 @@ def contract(g: Graph, labels: np.ndarray, names: Sequence[str] | None = None) -
             first[labels[i]] = i
         names = [g.names[i] for i in first]
     flops = None if g.flops is None else np.bincount(labels, weights=g.flops, minlength=L)
+    backward = None  # the default 2 x work adds up exactly
+    if g.work_backward is not None:
+        backward = np.bincount(labels, weights=g.work_backward, minlength=L)
+    # stash adds up; the default (sizeout) would lose the tensors a super-node consumes inside
+    stash = np.bincount(labels, weights=g.stash_bytes, minlength=L)
     return Graph(
         names=tuple(names),
         work=work,
@@ -509,6 +545,8 @@ def contract(g: Graph, labels: np.ndarray, names: Sequence[str] | None = None) -
         flops=flops,
         op_types=None,
         hints=dict(g.hints),
+        work_backward=backward,
+        stash=stash,
     )
 
 
@@ -592,4 +630,6 @@ def induced_subgraph(g: Graph, nodes: Sequence[int] | np.ndarray) -> Graph:
         flops=None if g.flops is None else g.flops[nodes],
         op_types=None if g.op_types is None else tuple(g.op_types[i] for i in nodes),
         hints=dict(g.hints),
+        work_backward=None if g.work_backward is None else g.work_backward[nodes],
+        stash=None if g.stash is None else g.stash[nodes],
     )

@@ -2,7 +2,8 @@
 
 {"format": "mtpp-graph", "version": 1, "name": "toy",
  "cluster": {"devices": 2, "link_bandwidth": "1GB/s"},           (optional hints)
- "nodes": [{"name": "a", "work": 0.001, "sizeout": 4096}, ...],   (act, flops, op_type optional)
+ "nodes": [{"name": "a", "work": 0.001, "sizeout": 4096}, ...],   (act, flops, op_type,
+                                                                   work_backward, stash optional)
  "edges": [["a", "b"], {"from": "b", "to": "c", "ordered": false}],
  "params": [{"name": "w", "bytes": 1024, "users": ["a", "c"]}],
  "colocate": [["a", "c"]]}
@@ -38,6 +39,8 @@ class _Node(BaseModel):
     act: Amount | None = None
     flops: Amount | None = None
     op_type: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
+    work_backward: Amount | None = None  # training: seconds of the backward (default 2 x work)
+    stash: Amount | None = None  # training: bytes kept per in-flight microbatch (default sizeout)
 
 
 class _Edge(BaseModel):
@@ -125,7 +128,17 @@ def from_dict(data: dict, where: str = "graph") -> Graph:
         flops=[n.flops or 0.0 for n in f.nodes] if has_flops else None,
         op_types=[n.op_type or "" for n in f.nodes] if any(n.op_type for n in f.nodes) else None,
         hints={"cluster": f.cluster} if f.cluster else {},
+        work_backward=_per_node(f.nodes, "work_backward", lambda n: 2.0 * n.work),
+        stash=_per_node(f.nodes, "stash", lambda n: n.sizeout),
     )
+
+
+def _per_node(nodes: list[_Node], key: str, default) -> list[float] | None:
+    """The optional training field ``key`` of every node (``default(node)`` where a node
+    omits it), or None when no node gives it (the graph's own default applies)."""
+    if all(getattr(n, key) is None for n in nodes):
+        return None
+    return [default(n) if getattr(n, key) is None else getattr(n, key) for n in nodes]
 
 
 def _describe(e: ValidationError, where: str, data: dict) -> str:
@@ -154,6 +167,10 @@ def to_dict(g: Graph) -> dict:
             d["flops"] = float(g.flops[i])
         if g.op_types is not None and g.op_types[i]:
             d["op_type"] = g.op_types[i]
+        if g.work_backward is not None:
+            d["work_backward"] = float(g.work_backward[i])
+        if g.stash is not None:
+            d["stash"] = float(g.stash[i])
         nodes.append(d)
     ordered = {(int(u), int(v)) for u, v in zip(g.e_src, g.e_dst, strict=True)}
     src, dst = g.data_edges
