@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, validate
+from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.dp import ideals
 from solver.pipeline.dp.ideals import solve_ideals, split_free
 from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 from .conftest import bench_path, scaled_examples
 
@@ -170,3 +173,23 @@ def test_training_graphs_are_proven_at_their_known_optimum(key, k):
     assert res.lower <= TRAINING_OPTIMA[(key, k)]
     assert evaluate(g, c, res.assignment[labels]).objective == pytest.approx(res.value, rel=1e-12)
     assert not validate(g, c, res.assignment[labels])
+
+
+@settings(max_examples=scaled_examples(25), suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(max_nodes=6))
+def test_cpsat_returns_the_brute_force_optimum_on_training_shaped_graphs(prob):
+    """The exact method takes the DP's proof where it has one (named in its stats), and
+    searches otherwise: OPTIMAL at the brute-force optimum either way."""
+    g, c = prob
+    truth = brute_force(g, c)
+    if truth is None:  # no plan fits: the solve names what does not fit, or finds none
+        try:
+            assert solve(g, c, "cpsat", SolveOptions(time_limit=20.0)) is None
+        except MtppError as e:
+            assert "fit" in str(e)
+        return
+    plan = solve(g, c, "cpsat", SolveOptions(time_limit=20.0))
+    assert plan is not None and plan.status == "OPTIMAL"
+    assert plan.objective == pytest.approx(truth.objective, rel=1e-6, abs=1e-9)
+    if "ideals_dp" in plan.stats:
+        assert "nodes without one priced by a relaxation" in plan.stats["proof"]
