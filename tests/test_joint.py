@@ -15,11 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 from solver.cli import main
 from solver.core.cluster import Cluster, Topology, load_cluster
 from solver.core.errors import MtppError
+from solver.core.result import OPTIMAL
 from solver.joint import JointPlan, load_joint_plan, plan_joint
 from solver.joint.plan import StageSpec, price_stages, save_joint_plan
 from solver.joint.segment import crossing, cut_points, make_segment
 from solver.joint.submesh import candidates, sub_cluster
-from solver.pipeline.plan import OPTIMAL
 from solver.spmd.mesh import Mesh, make_mesh, mesh_on
 from solver.spmd.model import from_proto
 from solver.spmd.patterns import megatron_plan
@@ -691,8 +691,8 @@ def _two_by_four_transformer():
 def test_joint_stopped_after_its_first_plans_is_no_worse_than_either_sub_space(monkeypatch):
     """The clock runs out right after the first incumbents: joint still holds the better of
     the pure pipeline and pure sharding plans, exactly what those searches hold then."""
+    from solver.core.result import FEASIBLE
     from solver.joint import planner
-    from solver.pipeline.plan import FEASIBLE
 
     now = [0.0]
     monkeypatch.setattr(planner, "_clock", lambda: now[0])
@@ -802,7 +802,7 @@ def test_an_exact_solve_that_ran_out_of_time_is_retried_with_more(monkeypatch):
     with a gap, and ends OPTIMAL at the brute-force optimum."""
     import dataclasses
 
-    from solver.pipeline.plan import FEASIBLE
+    from solver.core.result import FEASIBLE
     from solver.spmd import solve as solve_mod
 
     real = solve_mod.solve_sharding
@@ -837,8 +837,8 @@ def test_without_retries_the_unproven_solves_leave_a_gap(monkeypatch):
     retry refused), leave the search FEASIBLE with a gap, so the retries are what closes it."""
     import dataclasses
 
+    from solver.core.result import FEASIBLE
     from solver.joint import planner
-    from solver.pipeline.plan import FEASIBLE
     from solver.spmd import solve as solve_mod
 
     real = solve_mod.solve_sharding

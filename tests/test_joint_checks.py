@@ -15,11 +15,11 @@ from solver.backends.verify import verify_chain
 from solver.cli import main
 from solver.core.cluster import Cluster, Topology
 from solver.core.errors import MtppError
+from solver.core.result import FEASIBLE
 from solver.frontends.onnx.modelgen import transformer
 from solver.joint.plan import JointPlan, StageSpec, price_stages, save_joint_plan
 from solver.joint.segment import make_segment, tensor_bytes
 from solver.joint.submesh import sub_cluster
-from solver.pipeline.plan import FEASIBLE
 from solver.spmd.model import load_model
 from solver.spmd.solve import solve_sharding
 

@@ -11,12 +11,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
-from solver.spmd.config import from_attributes, parse_strategy
+from solver.spmd.config import from_attributes
 from solver.spmd.mesh import Layout, Mesh, canonical, parse_mesh, same_placement
 from solver.spmd.model import from_proto
-from solver.spmd.program import Planner, evaluate, fmt_strategy
+from solver.spmd.program import Planner, evaluate
 from solver.spmd.propagate import propagate
 from solver.spmd.rules import StrategyError
+from solver.spmd.strategy import fmt_strategy, parse_strategy
 
 from .conftest import ROOT
 

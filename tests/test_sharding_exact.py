@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from solver.cli import main
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
-from solver.pipeline.plan import FEASIBLE, OPTIMAL
+from solver.core.result import FEASIBLE, OPTIMAL
 from solver.spmd.lagrange import lagrange
 from solver.spmd.mesh import make_mesh
 from solver.spmd.model import from_proto
@@ -673,7 +673,7 @@ def test_cpsat_returns_within_a_time_limit_its_model_cannot_be_built_in(time_lim
     building, keeps the best warm start (a complete plan, re-evaluated) with the least-compute
     bound, FEASIBLE (at 1.5 s it stops inside the CP-SAT model, at 0.5 s before it)."""
     from solver.spmd.exact import NOT_BUILT
-    from solver.spmd.solve import compute_bound
+    from solver.spmd.plan import compute_bound
 
     model = examples.transformer(layers=2, batch=16, seq=32, hidden=64, heads=4, vocab=64)
     # a link bandwidth no other test uses: the redistribution caches start cold

@@ -1,18 +1,11 @@
-"""The sharded plan as data (the JSON object of ``mtpp shard``) and as files in ``--out DIR``:
-``strategies.yaml`` (loads back with ``--config``), ``plan.json`` and ``annotated.onnx``."""
+"""The sharded plan as data: the JSON object of ``mtpp shard`` (its files in ``--out DIR`` are
+written by solver/backends/export_spmd.py, its table printed by solver/cli/shard.py)."""
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-from pathlib import Path
 
-from solver.core.files import json_safe
-from solver.core.outdir import replace_dir, temp_dir_beside
-from solver.spmd.config import annotate, dump_yaml
-from solver.spmd.model import ShardModel
-from solver.spmd.program import Planner, Program, fmt_strategy
+from solver.spmd.program import Planner, Program
 
 
 def plan_dict(planner: Planner, program: Program, method: str, status: str) -> dict:
@@ -64,67 +57,3 @@ def plan_dict(planner: Planner, program: Program, method: str, status: str) -> d
         "operators": ops,
         "replicated_op_types": planner.replicated_ops,
     }
-
-
-def write_out(out_dir: str | Path, sm: ShardModel, strategies: dict, plan: dict) -> None:
-    """Write the three files into a temporary folder beside ``out_dir``, then rename it into
-    place (:func:`solver.core.outdir.replace_dir`; check ``out_dir`` first with
-    :func:`solver.core.files.check_output_dir`)."""
-    import onnx
-
-    out_dir = Path(out_dir)
-    tmp = temp_dir_beside(out_dir)
-    try:
-        (tmp / "strategies.yaml").write_text(dump_yaml(strategies))
-        # as on stdout (print_json): numpy values plain, NaN and infinities as null
-        text = json.dumps(json_safe(plan), indent=1, allow_nan=False)
-        (tmp / "plan.json").write_text(text + "\n")
-        model = onnx.ModelProto.FromString(sm.source.SerializeToString())
-        annotate(model, strategies, {op.name: op.node_index for op in sm.ops})
-        big = model.ByteSize() > 1_500_000_000
-        onnx.save_model(
-            model,
-            str(tmp / "annotated.onnx"),
-            save_as_external_data=big,
-            location="annotated.onnx.data",
-        )
-        replace_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def human_table(planner: Planner, program: Program, plan: dict):
-    """A rich table: one row per operator, then the totals."""
-    from rich.table import Table
-
-    from solver.cli.common import esc
-    from solver.core.units import format_bytes, format_time
-
-    t = Table(title=f"mtpp shard: {esc(plan['model'])} on mesh {plan['mesh']['shape']}")
-    for col in ("node", "op", "strategy", "local out shape", "compute", "communication"):
-        t.add_column(
-            col,
-            justify="right" if col in ("compute", "communication") else "left",
-            no_wrap=col == "strategy",  # a strategy is read whole (and searched for by tests)
-        )
-    for row, sh in zip(plan["operators"], program.shardings, strict=True):
-        t.add_row(
-            esc(row["name"]),
-            row["op_type"],
-            fmt_strategy(sh.strategy),
-            " ".join("x".join(map(str, s)) or "()" for s in row["local_shape"]),
-            format_time(row["compute"]),
-            format_time(row["communication"]) if row["communication"] else "-",
-        )
-    totals = [
-        f"status {plan['status']}, objective {format_time(plan['objective'])} "
-        f"(compute {format_time(plan['compute_time'])}, "
-        f"communication {format_time(plan['communication_time'])})",
-        "collectives: "
-        + (", ".join(f"{k} x{v}" for k, v in plan["collectives"].items()) or "none")
-        + f", {format_bytes(plan['comm_bytes_per_device'])} sent per device",
-        f"memory per device: {format_bytes(plan['max_memory_per_device'])} "
-        f"(weights {format_bytes(plan['weight_memory_per_device'])}, activation peak "
-        f"{format_bytes(plan['peak_activation_memory_per_device'])})",
-    ]
-    return t, totals
