@@ -201,8 +201,23 @@ def ideal_dp(
 ) -> tuple[float, np.ndarray | None, dict]:
     """Optimal (bottleneck, assignment) over all plans, or (inf, None) if none fits.
 
-    ``upper`` must be the cost of some valid plan (or inf); it only prunes.
-    """
+    ``upper`` must be the cost of some valid plan (or inf); it only prunes. First
+    :func:`solve_ideals` (exact without free nodes; with them, when its plan meets its bound),
+    else the DP over every ideal, free nodes included."""
+    t0 = time.perf_counter()
+    res = solve_ideals(g, cluster, cluster.devices, upper, time_limit, max_ideals)
+    if math.isinf(res.lower):  # no chain of main blocks fits the capacity: no plan does
+        return math.inf, None, res.stats
+    if res.assignment is not None and res.value <= res.lower * (1 + 3 * EPS):
+        return res.value, res.assignment, res.stats
+    left = time_limit - (time.perf_counter() - t0)
+    return _all_ideals_dp(g, cluster, upper, max_ideals, left)
+
+
+def _all_ideals_dp(
+    g: Graph, cluster: Cluster, upper: float, max_ideals: int, time_limit: float
+) -> tuple[float, np.ndarray | None, dict]:
+    """The DP over every ideal (free nodes included: their ideals double per node)."""
     t0 = time.perf_counter()
     k = cluster.devices
     ideals = enumerate_ideals(g, max_ideals, deadline=t0 + time_limit)
