@@ -1,0 +1,280 @@
+"""One dispatch point for what a plan becomes: evaluate, simulate or export a plan of any kind.
+
+A plan comes in three kinds (``loaded.kind``):
+
+- ``"pipeline"`` (:class:`PipelinePlan`): blocks of a cost graph on devices, the plan of
+  ``mtpp solve`` (also a manual sharding);
+- ``"spmd"`` (:class:`SpmdPlan`): one strategy per operator on one mesh, the plan of
+  ``mtpp shard``;
+- ``"joint"`` (:class:`JointPlanFiles`): pipeline stages, each an SPMD program on its devices.
+
+Each command is a dict ``{kind: function}``: :data:`EVALUATE`, :data:`SIMULATE`,
+:data:`EXPORT`; :func:`evaluate`, :func:`simulate` and :func:`export` look the plan's kind up
+there and call the back end of that kind. A kind a command has no back end for (a sharded
+plan has no simulator) is refused in one line. The functions return what the back end
+returns, wrapped in a record that names the kind (:class:`Evaluated`, :class:`Simulated`,
+:class:`Exported`), so a caller prints per kind from one call.
+
+The command line reads the plan file and builds the loaded plan (it knows the options);
+this module does not print and knows no option names besides those a joint plan refuses.
+It is imported by the command line only: ``backends/__init__`` stays empty, since every import
+of a back end module (a spawned stage process of ``mtpp run`` too) runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from solver.backends.export import export_plan
+from solver.backends.export_joint import export_joint
+from solver.backends.export_spmd import write_out
+from solver.backends.simulate import Simulation
+from solver.backends.simulate import simulate as simulate_pipeline
+from solver.backends.simulate_joint import simulate_joint
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate as evaluate_pipeline
+from solver.core.cost import validate
+from solver.core.errors import MtppError
+from solver.core.files import check_output_dir
+from solver.core.graph import Graph
+from solver.spmd.model import ShardModel
+from solver.spmd.program import Planner
+from solver.spmd.program import evaluate as evaluate_program
+
+PIPELINE, SPMD, JOINT = "pipeline", "spmd", "joint"
+KINDS = (PIPELINE, SPMD, JOINT)
+
+
+# ---------------------------------------------------------------------- loaded plans
+@dataclass
+class PipelinePlan:
+    """A pipeline plan with what its back ends read."""
+
+    kind: ClassVar[str] = PIPELINE
+    graph: Graph
+    cluster: Cluster
+    assignment: np.ndarray  # block of every node
+    placement: np.ndarray | None = None  # device of every block; None: block b on device b
+    model_path: Path | None = None  # the ONNX model the graph came from (export needs it)
+    stage: np.ndarray | None = None  # pipeline stage of every node (export); None: its block
+
+
+@dataclass
+class SpmdPlan:
+    """A sharded plan: the model on its mesh (``planner``) and a strategy per operator."""
+
+    kind: ClassVar[str] = SPMD
+    planner: Planner
+    strategies: dict  # operator name -> strategy
+    record: dict  # the plan as data (``mtpp shard --json``), written as ``plan.json``
+
+
+@dataclass
+class JointPlanFiles:
+    """A joint plan checked against its model (``sm`` as :func:`solver.spmd.load_model` read
+    it from ``model_path``)."""
+
+    kind: ClassVar[str] = JOINT
+    plan: Any  # solver.joint.plan.JointPlan
+    sm: ShardModel
+    model_path: Path
+    plan_path: Path | None = None  # the plan file, copied as is by export
+
+
+LoadedPlan = PipelinePlan | SpmdPlan | JointPlanFiles
+
+
+# ---------------------------------------------------------------------- options and results
+@dataclass(frozen=True)
+class SimulateOptions:
+    """``mtpp simulate``'s knobs; a joint plan takes only ``requests``."""
+
+    requests: int = 100
+    mode: str = "pipelined"
+    overlap: bool = False
+    latency: float | None = None
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Where and how to export; ``inputs`` are files the output folder must not replace."""
+
+    out_dir: Path
+    dims: dict[str, int] | None = None
+    verify: bool = False
+    tolerance: float | None = None
+    seed: int = 0
+    force: bool = False
+    inputs: tuple[Path, ...] = ()
+    verify_memory_ok: bool = False
+
+
+@dataclass
+class Evaluated:
+    """A plan priced again from its inputs."""
+
+    kind: str
+    objective: float  # seconds per request (the period)
+    violations: list[str]  # empty: the plan is valid
+    detail: Any  # Evaluation (pipeline), Program (spmd), JointSimulation (joint)
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Simulated:
+    """A simulation: ``sim`` for every kind, ``detail`` the kind's own record."""
+
+    kind: str
+    sim: Simulation
+    detail: Any  # the Simulation (pipeline) or the JointSimulation (joint)
+
+
+@dataclass
+class Exported:
+    """An export: ``report`` is what the folder's own summary file holds (``stages.json``,
+    ``manifest.json``; a sharded plan: its ``plan.json``)."""
+
+    kind: str
+    out_dir: Path
+    report: dict
+
+
+# ---------------------------------------------------------------------- evaluate
+def _evaluate_pipeline(p: PipelinePlan) -> Evaluated:
+    ev = evaluate_pipeline(p.graph, p.cluster, p.assignment, placement=p.placement)
+    bad = validate(p.graph, p.cluster, p.assignment, placement=p.placement)
+    return Evaluated(PIPELINE, ev.objective, [str(v) for v in bad], ev)
+
+
+def _evaluate_spmd(p: SpmdPlan) -> Evaluated:
+    program = evaluate_program(p.planner, p.strategies)
+    return Evaluated(SPMD, program.objective, [], program)
+
+
+def _evaluate_joint(p: JointPlanFiles) -> Evaluated:
+    """Every stage priced again and checked against the memory limit (as ``mtpp evaluate``)."""
+    js = simulate_joint(p.plan, p.sm, requests=2)
+    return Evaluated(JOINT, p.plan.objective, list(js.sim.violations), js)
+
+
+EVALUATE: dict[str, Callable[[Any], Evaluated]] = {
+    PIPELINE: _evaluate_pipeline,
+    SPMD: _evaluate_spmd,
+    JOINT: _evaluate_joint,
+}
+
+
+def evaluate(loaded: LoadedPlan) -> Evaluated:
+    """Price ``loaded`` again from its inputs, by its kind."""
+    return _back_end(EVALUATE, "evaluate", loaded)(loaded)
+
+
+# ---------------------------------------------------------------------- simulate
+def _simulate_pipeline(p: PipelinePlan, options: SimulateOptions) -> Simulated:
+    sim = simulate_pipeline(
+        p.graph,
+        p.cluster,
+        p.assignment,
+        requests=options.requests,
+        mode=options.mode,
+        overlap=options.overlap,
+        latency=options.latency,
+        placement=p.placement,
+    )
+    return Simulated(PIPELINE, sim, sim)
+
+
+def _simulate_joint(p: JointPlanFiles, options: SimulateOptions) -> Simulated:
+    defaults = SimulateOptions(requests=options.requests)
+    for option, name in (("--mode", "mode"), ("--overlap", "overlap"), ("--latency", "latency")):
+        if getattr(options, name) != getattr(defaults, name):
+            raise MtppError(f"{option} does not apply to a joint plan; drop it")
+    js = simulate_joint(p.plan, p.sm, requests=options.requests)
+    return Simulated(JOINT, js.sim, js)
+
+
+SIMULATE: dict[str, Callable[[Any, SimulateOptions], Simulated]] = {
+    PIPELINE: _simulate_pipeline,
+    JOINT: _simulate_joint,
+}
+
+
+def simulate(loaded: LoadedPlan, options: SimulateOptions | None = None) -> Simulated:
+    """Push requests through ``loaded`` on its cluster (discrete events), by its kind."""
+    return _back_end(SIMULATE, "simulate", loaded)(loaded, options or SimulateOptions())
+
+
+# ---------------------------------------------------------------------- export
+def _export_pipeline(p: PipelinePlan, o: ExportOptions) -> Exported:
+    if p.model_path is None:
+        raise MtppError("export needs the ONNX model the plan's graph was imported from")
+    report = export_plan(
+        p.model_path,
+        p.graph,
+        p.assignment,
+        o.out_dir,
+        dims=o.dims,
+        stage=p.stage,
+        verify=o.verify,
+        tolerance=o.tolerance,
+        seed=o.seed,
+        force=o.force,
+        inputs=list(o.inputs),
+        verify_memory_ok=o.verify_memory_ok,
+        placement=p.placement,
+    )
+    return Exported(PIPELINE, Path(o.out_dir), report)
+
+
+def _export_spmd(p: SpmdPlan, o: ExportOptions) -> Exported:
+    """``strategies.yaml``, ``plan.json`` and ``annotated.onnx`` (verify: ``mtpp shard
+    --verify``, before the plan is written, by the caller)."""
+    check_output_dir(o.out_dir, list(o.inputs), force=o.force, what="--out")
+    write_out(o.out_dir, p.planner.sm, p.strategies, p.record)
+    return Exported(SPMD, Path(o.out_dir), p.record)
+
+
+def _export_joint(p: JointPlanFiles, o: ExportOptions) -> Exported:
+    manifest = export_joint(
+        p.plan,
+        p.model_path,
+        o.out_dir,
+        plan_path=p.plan_path,
+        dims=o.dims,
+        verify=o.verify,
+        tolerance=o.tolerance,
+        seed=o.seed,
+        force=o.force,
+        inputs=list(o.inputs),
+        verify_memory_ok=o.verify_memory_ok,
+    )
+    return Exported(JOINT, Path(o.out_dir), manifest)
+
+
+EXPORT: dict[str, Callable[[Any, ExportOptions], Exported]] = {
+    PIPELINE: _export_pipeline,
+    SPMD: _export_spmd,
+    JOINT: _export_joint,
+}
+
+
+def export(loaded: LoadedPlan, options: ExportOptions) -> Exported:
+    """Write ``loaded`` as files into ``options.out_dir``, by its kind."""
+    return _back_end(EXPORT, "export", loaded)(loaded, options)
+
+
+def _back_end(table: dict[str, Callable], command: str, loaded: LoadedPlan) -> Callable:
+    """The function of ``table`` for the plan's kind; a kind without one is refused."""
+    fn = table.get(loaded.kind)
+    if fn is None:
+        takes = " or ".join(k for k in KINDS if k in table)
+        raise MtppError(f"mtpp {command} takes {takes} plans, not {loaded.kind} plans")
+    return fn
