@@ -12,7 +12,6 @@ import onnx
 import pytest
 
 from solver.backends import dispatch
-from solver.backends.export_joint import stage_programs
 from solver.backends.simulate import simulate
 from solver.backends.simulate_joint import simulate_joint
 from solver.core.cluster import load_cluster
@@ -20,6 +19,7 @@ from solver.core.cost import evaluate
 from solver.core.errors import MtppError
 from solver.frontends import load_graph
 from solver.frontends.onnx.modelgen import transformer
+from solver.joint.stages import stage_programs
 from solver.pipeline.registry import solve
 from solver.spmd.mesh import mesh_on
 from solver.spmd.model import load_model

@@ -9,7 +9,6 @@ import math
 import onnx
 import pytest
 
-from solver.backends.export_joint import check_stages, stage_programs
 from solver.backends.simulate_joint import simulate_joint
 from solver.backends.verify import verify_chain
 from solver.cli import main
@@ -19,6 +18,7 @@ from solver.core.result import FEASIBLE
 from solver.frontends.onnx.modelgen import transformer
 from solver.joint.plan import JointPlan, StageSpec, price_stages, save_joint_plan
 from solver.joint.segment import make_segment, tensor_bytes
+from solver.joint.stages import check_stages, stage_programs
 from solver.joint.submesh import sub_cluster
 from solver.spmd.model import load_model
 from solver.spmd.solve import solve_sharding

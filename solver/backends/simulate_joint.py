@@ -9,7 +9,7 @@ and sends its outputs. Everything is rebuilt here from the model, the cluster an
 strategies, not read from the plan's numbers:
 
 - the program: :func:`solver.spmd.evaluate` on the stage's sub-model and mesh
-  (:func:`solver.backends.export_joint.stage_programs`);
+  (:func:`solver.joint.stages.stage_programs`);
 - a transfer of B bytes from stage s (devices S) to stage t (devices T) costs
   ``B / (min(|S|, |T|) * bw)`` on both sides, ``bw`` the slowest ``cluster.link`` between a
   device of S and one of T, and arrives after the largest latency of those links; a tensor
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.backends.export_joint import StageProgram, stage_programs
 from solver.backends.simulate import DeviceProgram, Simulation, check_simulation_size
+from solver.joint.stages import StageProgram, stage_programs
 from solver.joint.submesh import stage_limit
 from solver.spmd.model import ShardModel
 
@@ -111,7 +111,7 @@ def simulate_joint(
     steady-state period; latency is then measured releasing one request per period, as
     :func:`solver.backends.simulate.simulate` does. Raises :class:`MtppError` for a plan that does
     not
-    fit the model (:func:`solver.backends.export_joint.check_stages`) or a run that is too large."""
+    fit the model (:func:`solver.joint.stages.check_stages`) or a run that is too large."""
     check_simulation_size(len(plan.stages), int(requests))
     if programs is None:
         programs = stage_programs(plan, sm)

@@ -245,7 +245,7 @@ def _why_output(c: dict) -> str:
 # ---------------------------------------------------------------------- joint plans
 class StageRun(Protocol):
     """A stage ready to run on its emulated devices (what
-    :class:`solver.backends.export_joint.StageProgram` holds)."""
+    :class:`solver.joint.stages.StageProgram` holds)."""
 
     stage: Any  # the joint plan's stage: index, inputs, outputs
     planner: Planner

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from solver.backends.export_joint import check_stages
 from solver.cli.common import load_graph_and_cluster, memory_arg, parse_dims
 from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
@@ -25,6 +24,7 @@ from solver.core.graph import Graph
 from solver.core.units import format_bytes, format_rate, format_time
 from solver.frontends.sharding_points import parse_sharding
 from solver.joint.plan import JOINT_FORMAT, check_against_model, load_joint_plan
+from solver.joint.stages import check_stages
 from solver.pipeline.heuristics.manual import manual_assignment
 from solver.pipeline.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
 from solver.spmd.model import load_model
