@@ -212,13 +212,20 @@ def gantt_chart(run: ScheduleRun, path: str, title: str | None = None) -> None:
     for t in run.tasks:
         ax.barh(t.stage, t.end - t.start, left=t.start, color=colours[t.kind], edgecolor="white")
         if t.end - t.start > run.makespan / 80:
-            ax.text((t.start + t.end) / 2, t.stage, str(t.microbatch), ha="center", va="center",
-                    fontsize=7)
+            ax.text(
+                (t.start + t.end) / 2,
+                t.stage,
+                str(t.microbatch),
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
     ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.set_title(title or f"{run.spec.schedule}, m = {run.spec.microbatches}: makespan "
-                 f"{run.makespan:.6g} s")
+    ax.set_title(
+        title or f"{run.spec.schedule}, m = {run.spec.microbatches}: makespan {run.makespan:.6g} s"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

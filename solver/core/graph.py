@@ -446,7 +446,7 @@ def _costs(values, n: int, names: Sequence[str], what: str) -> FloatArray:
     bad = ~np.isfinite(a) | (a < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise MtppError(f"node {names[i]!r}: {what} must be finite and >= 0, got {a[i]!r}")
+        raise MtppError(f"node {names[i]!r}: {what} must be finite and >= 0, got {float(a[i])!r}")
     if len(a) and a.max() > MAX_AMOUNT:
         i = int(np.argmax(a))
         raise MtppError(f"node {names[i]!r}: {what} must be at most {MAX_AMOUNT:g}, got {a[i]:g}")
