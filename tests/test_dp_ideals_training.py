@@ -18,6 +18,7 @@ from solver.core.graph import Graph, coarse_view
 from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.dp import ideals
 from solver.pipeline.dp.ideals import solve_ideals, split_free
+from solver.pipeline.dp.warmstart import first_attempt_applies, ideals_first
 from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.registry import solve
@@ -152,14 +153,34 @@ def test_free_nodes_are_those_without_an_order_edge_grouped_by_shared_tensors():
 def test_a_free_node_that_reads_a_big_tensor_is_proven_optimal():
     """A gradient step without order edges (free) reads and feeds back a forward node's big
     tensor: the relaxation prices it with that node, and the plan meets the price."""
+    g = _gradient_step_graph()
+    c = Cluster(name="toy", devices=2, link_bandwidth=1.0)
+    res, truth = _check_against_brute_force(g, c)
+    assert truth is not None and res.optimal
+
+
+def _gradient_step_graph() -> Graph:
     names = ["f0", "f1", "f2", "f3", "acc"]
     work = [4.0, 3.0, 5.0, 2.0, 1.5]
     sizeout = [0.5, 0.5, 6.0, 0.5, 0.25]
     edges = [(0, 1), (1, 2), (2, 3), (2, 4), (4, 2)]
-    g = Graph.build(names, work, sizeout, edges, ordered=[True, True, True, False, False])
+    return Graph.build(names, work, sizeout, edges, ordered=[True, True, True, False, False])
+
+
+def test_the_first_attempt_is_cached_but_retried_after_running_out_of_time():
+    g = _gradient_step_graph()
     c = Cluster(name="toy", devices=2, link_bandwidth=1.0)
-    res, truth = _check_against_brute_force(g, c)
-    assert truth is not None and res.optimal
+    assert ideals_first(g, c, 0.0) is None  # no time: nothing proven, nothing cached
+    res = ideals_first(g, c, 60.0)
+    assert res is not None and res.optimal and "proof" in res.stats
+    assert ideals_first(g, c, 0.0) is res  # computed once per graph, cluster and k
+    assert res.value == pytest.approx(brute_force(g, c).objective, rel=1e-9)
+
+
+def test_the_first_attempt_leaves_graphs_whose_data_edges_are_order_edges_alone():
+    g = Graph.build(list("abc"), [1.0, 2.0, 3.0], [1.0] * 3, [(0, 1), (1, 2), (0, 2)])
+    assert not first_attempt_applies(coarse_view(g)[0])
+    assert ideals_first(g, Cluster(name="toy", devices=2, link_bandwidth=1.0), 60.0) is None
 
 
 @pytest.mark.parametrize(("key", "k"), sorted(TRAINING_OPTIMA))

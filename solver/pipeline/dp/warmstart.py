@@ -21,7 +21,7 @@ from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.dp.chain_ideals import ChainResult, ideal_chain
-from solver.pipeline.dp.ideals import solve_ideals
+from solver.pipeline.dp.ideals import IdealTimeout, solve_ideals
 from solver.pipeline.plan import OPTIMAL, Plan, make_plan
 
 
@@ -86,16 +86,23 @@ def ideals_first(g: Graph, cluster: Cluster, time_limit: float) -> ChainResult |
         cluster.slow_memory_bandwidth,
     )
     if key not in cache:
-        cache[key] = _run_ideals(cg, cluster, time_limit)
+        try:
+            cache[key] = _run_ideals(cg, cluster, time_limit)
+        except IdealTimeout:  # out of time: not cached, a later call with more time retries
+            return None
     return cache[key]
 
 
 def _run_ideals(cg: Graph, cluster: Cluster, time_limit: float) -> ChainResult | None:
+    """The DP's result as a ChainResult (on ``cg``); None past the caps on ideals and pairs.
+    Raises :class:`IdealTimeout` at the time limit."""
     try:
         res = solve_ideals(
             cg, cluster, cluster.devices, time_limit=time_limit, max_ideals=FIRST_MAX_IDEALS
         )
-    except MtppError:  # more ideals than the cap, or the time limit (IdealTimeout)
+    except IdealTimeout:
+        raise
+    except MtppError:  # more ideals or pairs than the caps
         return None
     if math.isinf(res.lower):  # no chain fits the capacity: leave the proof to the bounds
         return None
