@@ -12,6 +12,8 @@ Needs torch and transformers (not dependencies of mtpp), and diffusers for the U
     python models/export_hf.py vit --layers 2 --hidden 64 --heads 2 --image 32 --patch 8 --int8
     python models/export_hf.py unet --layers 1 --hidden 32 --heads 8 --image 8 --seq 6
     python models/export_hf.py moe --layers 2 --hidden 32 --heads 2 --vocab 128 --seq 8
+    python models/export_hf.py t5 --layers 6 --hidden 512 --heads 8 --seq 64   # T5-small-shaped
+    python models/export_hf.py whisper --layers 12 --hidden 768 --heads 12 --image 64 --seq 32
 
 Nothing is downloaded: the models are built from a config with random weights. The script
 prints the model's parameter count (tied weights counted once, as torch counts them), which
@@ -26,7 +28,10 @@ quantizes the weights of MatMul, Gemm and Conv with onnxruntime's ``quantize_dyn
 ``--top-k`` of ``--experts`` experts; ``--experts-impl batched_mm`` (default) gathers the
 chosen experts' weights (static shapes), ``eager`` loops over the experts the example tokens
 hit, which the tracing exporter freezes: that export is valid for every input only when
-``--top-k`` equals ``--experts``.
+``--top-k`` equals ``--experts``. The encoder-decoders (t5, bart, whisper) have ``--layers``
+encoder and as many decoder layers and take ``--seq`` tokens on both sides (Whisper:
+``--image`` audio positions, twice as many mel frames, and ``--seq`` decoder tokens); they
+return the decoder's last hidden state.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("bert", "gpt2", "vit", "unet", "moe")
+KINDS = ("bert", "gpt2", "vit", "unet", "moe", "t5", "bart", "whisper")
+ENCODER_DECODERS = ("t5", "bart", "whisper")  # --layers encoder and decoder layers each
 
 
 @dataclass
@@ -73,6 +79,7 @@ def build(kind: str, layers: int, hidden: int, heads: int, vocab: int | None, **
     torch.manual_seed(0)
     sizes = Sizes(layers, hidden, heads, vocab, **more)
     builders = {"bert": _bert, "gpt2": _gpt2, "vit": _vit, "unet": _unet, "moe": _moe}
+    builders.update(t5=_t5, bart=_bart, whisper=_whisper)
     if kind not in builders:
         raise ValueError(kind)
     model = builders[kind](sizes)
@@ -157,6 +164,74 @@ def _moe(s: Sizes):
     return transformers.MixtralForCausalLM(cfg)
 
 
+def _t5(s: Sizes):
+    import transformers
+
+    cfg = transformers.T5Config(
+        num_layers=s.layers,
+        num_decoder_layers=s.layers,
+        d_model=s.hidden,
+        d_ff=4 * s.hidden,
+        num_heads=s.heads,
+        d_kv=s.hidden // s.heads,
+        vocab_size=s.vocab or 32128,
+    )
+    return transformers.T5Model(cfg)
+
+
+def _bart(s: Sizes):
+    import transformers
+
+    cfg = transformers.BartConfig(
+        encoder_layers=s.layers,
+        decoder_layers=s.layers,
+        d_model=s.hidden,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=4 * s.hidden,
+        decoder_ffn_dim=4 * s.hidden,
+        vocab_size=s.vocab or 50265,
+    )
+    return transformers.BartModel(cfg)
+
+
+def _whisper(s: Sizes):
+    import transformers
+
+    cfg = transformers.WhisperConfig(
+        encoder_layers=s.layers,
+        decoder_layers=s.layers,
+        d_model=s.hidden,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=4 * s.hidden,
+        decoder_ffn_dim=4 * s.hidden,
+        num_mel_bins=80,
+        max_source_positions=s.image,  # audio frames after the stride-2 convolution
+        vocab_size=s.vocab or 51865,
+    )
+    return transformers.WhisperModel(cfg)
+
+
+def _seq2seq_wrapped(model, source: str):
+    """An encoder-decoder called on its source (token ids, or audio features for Whisper)
+    and the decoder's token ids, returning the decoder's last hidden state."""
+    import torch
+
+    class Seq2Seq(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, src, decoder_input_ids):
+            out = self.inner(
+                **{source: src}, decoder_input_ids=decoder_input_ids, return_dict=False
+            )
+            return out[0]
+
+    return Seq2Seq(model).eval()
+
+
 def parameter_count(model) -> int:
     """Parameters as torch counts them: a tied tensor once."""
     return sum(p.numel() for p in model.parameters())
@@ -230,6 +305,19 @@ def example(model, kind: str, seq: int, batch: int) -> Example:
         text = torch.randn(batch, seq, cfg.cross_attention_dim)
         names = ["sample", "timestep", "encoder_hidden_states"]
         return Example(_unet_wrapped(model), (latent, torch.tensor([10]), text), names)
+    if kind in ENCODER_DECODERS:
+        vocab = model.config.vocab_size
+        target = torch.randint(0, vocab, (batch, seq))
+        if kind == "whisper":  # mel features: two frames per encoder position
+            feats = torch.randn(batch, 80, 2 * model.config.max_source_positions)
+            return Example(
+                _seq2seq_wrapped(model, "input_features"),
+                (feats, target),
+                ["input_features", "decoder_input_ids"],
+            )
+        ids = torch.randint(0, vocab, (batch, seq))
+        names = ["input_ids", "decoder_input_ids"]
+        return Example(_seq2seq_wrapped(model, "input_ids"), (ids, target), names)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.int64)

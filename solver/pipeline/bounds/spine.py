@@ -1,0 +1,314 @@
+"""The spine relaxation: drop the nodes that keep a DAG from being a chain, keep what they
+carried, and run the chain programs on what is left.
+
+Encoder-decoders, U-Nets and branchy graphs have few separators: the decoder's first
+self-attention runs beside the encoder, and every decoder layer's cross-attention key and value
+projections read the encoder's output beside the decoder layers before them. The chain bounds
+then see one long gap and price none of its io. Here a heaviest path P (by work) is the spine;
+a node that is a descendant of p_i and an ancestor of p_{i+1} for some i lies *beside* the spine
+and is kept, every other node off the spine *spans* it and is removed. In what is left every
+spine node is a separator.
+
+The relaxed graph G' (proof in docs/bounds.md, "spine"):
+- the kept nodes with their work, act and the parameters of kept users;
+- an order edge u -> v between kept nodes wherever G has an order path from u to v (through
+  removed nodes), so every plan of G restricted to the kept nodes is a plan of G';
+- every tensor t produced by a kept node keeps its kept consumers and *gains* the kept
+  consumers c at the end of a wide detour: a data path t -> r_1 -> ... -> c whose removed nodes
+  r_i are owned by t (every tensor they read is t or produced by a node owned by t) and whose
+  tensors are all at least as large as t. The encoder output's detours through each decoder
+  layer's key and value projections become the cross-attention's own reads of it.
+
+Every block of every plan of G costs at least as much as its kept part costs in G', so no
+plan of G' beats the optimum of G; a bound proven for G' holds for G.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.core.cluster import Cluster
+from solver.core.graph import Graph, coarse_view, induced_subgraph
+from solver.core.result import meets_target
+from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
+from solver.pipeline.bounds.chain_io import chain_io_bound
+from solver.pipeline.bounds.items import items
+from solver.pipeline.dp.separators import MAX_NODES
+
+
+@dataclass(frozen=True)
+class Spine:
+    """The relaxed graph, the kept coarse nodes (G' node i is coarse node ``kept[i]``), the
+    share of the work kept and the wide detours added as consumers."""
+
+    graph: Graph
+    kept: np.ndarray
+    kept_work: float
+    detours: int
+
+
+def heaviest_path(g: Graph) -> np.ndarray:
+    """The nodes of a path of largest total work along order edges, in order."""
+    order = g.topo_order.tolist()
+    ptr, idx = g.pred
+    work = np.asarray(g.work, dtype=float)
+    best = work.copy()
+    back = np.full(g.n, -1, dtype=np.int64)
+    for v in order:
+        preds = idx[ptr[v] : ptr[v + 1]]
+        if len(preds):
+            u = int(preds[np.argmax(best[preds])])
+            best[v] = work[v] + best[u]
+            back[v] = u
+    path = [int(np.argmax(best))] if g.n else []
+    while path and back[path[-1]] >= 0:
+        path.append(int(back[path[-1]]))
+    return np.array(path[::-1], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SpineSpans:
+    """Per node: the last spine node that is an ancestor or itself (``lo``, -1: none) and the
+    first that is a descendant or itself (``hi``, len(path): none); per spine position j: the
+    work of the off-spine nodes with lo < j < hi (removed when p_j is made a separator)."""
+
+    pos: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    span_work: np.ndarray
+
+
+def spine_spans(g: Graph, path: np.ndarray) -> SpineSpans:
+    """The spans of every node around the spine ``path``."""
+    pos = np.full(g.n, -1, dtype=np.int64)
+    pos[path] = np.arange(len(path))
+    lo = np.full(g.n, -1, dtype=np.int64)
+    hi = np.full(g.n, len(path), dtype=np.int64)
+    pptr, pidx = g.pred
+    sptr, sidx = g.succ
+    order = g.topo_order.tolist()
+    for v in order:
+        preds = pidx[pptr[v] : pptr[v + 1]]
+        lo[v] = pos[v] if pos[v] >= 0 else (int(lo[preds].max()) if len(preds) else -1)
+    for v in reversed(order):
+        succs = sidx[sptr[v] : sptr[v + 1]]
+        hi[v] = pos[v] if pos[v] >= 0 else (int(hi[succs].min()) if len(succs) else len(path))
+    off = (pos < 0) & (hi - lo > 1)
+    diff = np.zeros(len(path) + 1)
+    np.add.at(diff, lo[off] + 1, np.asarray(g.work, dtype=float)[off])
+    np.add.at(diff, hi[off], -np.asarray(g.work, dtype=float)[off])
+    return SpineSpans(pos, lo, hi, np.cumsum(diff)[: len(path)])
+
+
+def kept_nodes(spans: SpineSpans, chosen: np.ndarray) -> np.ndarray:
+    """Mask of the nodes kept when the spine positions ``chosen`` (a bool mask) are to be
+    separators: every spine node, and every node with no chosen position strictly between
+    its lo and hi."""
+    before = np.concatenate([[0], np.cumsum(chosen)])  # chosen positions < j
+    lo, hi = spans.lo, spans.hi
+    between = before[np.maximum(hi, lo + 1)] - before[lo + 1]  # chosen in lo+1 .. hi-1
+    return (spans.pos >= 0) | (between == 0)
+
+
+def _kept_reach(g: Graph, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order edges (u, v) between kept nodes joined in G by an order path whose inner nodes
+    are all removed (direct edges included)."""
+    sptr, sidx = g.succ
+    exits: dict[int, set[int]] = {}  # removed node -> kept nodes it reaches through removed
+    for v in reversed(g.topo_order.tolist()):
+        if keep[v]:
+            continue
+        out: set[int] = set()
+        for w in sidx[sptr[v] : sptr[v + 1]].tolist():
+            out.update((w,) if keep[w] else exits[w])
+        exits[v] = out
+    src, dst = [], []
+    for u in np.flatnonzero(keep).tolist():
+        reach: set[int] = set()
+        for w in sidx[sptr[u] : sptr[u + 1]].tolist():
+            reach.update((w,) if keep[w] else exits[w])
+        src.extend([u] * len(reach))
+        dst.extend(sorted(reach))
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+
+def _owner_tensor(g: Graph, keep: np.ndarray) -> np.ndarray:
+    """Per node: the one tensor of a kept producer every removed node's inputs come from
+    (through removed nodes owned by it), or -1 (kept nodes, and removed nodes that read two
+    such tensors or none)."""
+    owner = np.full(g.n, -1, dtype=np.int64)
+    reads: list[list[int]] = [[] for _ in range(g.n)]  # tensors each node consumes
+    for t in range(g.num_tensors):
+        for c in g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist():
+            reads[c].append(t)
+    for v in g.topo_order.tolist():
+        if keep[v] or not reads[v]:
+            continue
+        roots = set()
+        for t in reads[v]:
+            p = int(g.t_producer[t])
+            roots.add(t if keep[p] else int(owner[p]))
+        if len(roots) == 1 and -1 not in roots:
+            owner[v] = roots.pop()
+    return owner
+
+
+def _wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
+    """Per tensor of a kept producer: the kept nodes it reaches by a wide detour (removed
+    nodes owned by it, every tensor on the way at least as large as it), its own consumers
+    left out."""
+    owner = _owner_tensor(g, keep)
+    out: dict[int, set[int]] = {}
+    for t in range(g.num_tensors):
+        if not keep[g.t_producer[t]]:
+            continue
+        size, seen, found = g.t_size[t], set(), set()
+        stack = [c for c in g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist() if not keep[c]]
+        direct = set(g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist())
+        while stack:
+            r = stack.pop()
+            if r in seen or owner[r] != t:
+                continue
+            seen.add(r)
+            for t2 in _produced(g, r):
+                if g.t_size[t2] < size:
+                    continue
+                for c in g.t_cons[g.t_ptr[t2] : g.t_ptr[t2 + 1]].tolist():
+                    if keep[c]:
+                        found.add(c)
+                    else:
+                        stack.append(c)
+        found -= direct
+        if found:
+            out[t] = found
+    return out
+
+
+def _produced(g: Graph, v: int) -> list[int]:
+    """The tensors node v produces."""
+    cache = g.__dict__.get("_tensors_by_producer")  # the graph is immutable: built once
+    if cache is None:
+        cache = [[] for _ in range(g.n)]
+        for t, p in enumerate(g.t_producer.tolist()):
+            cache[p].append(t)
+        g.__dict__["_tensors_by_producer"] = cache
+    return cache[v]
+
+
+def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:
+    """G' of the module docstring for ``g`` (a coarse graph: co-located nodes merged) with
+    the nodes of ``keep`` (a mask from :func:`kept_nodes`)."""
+    kept = np.flatnonzero(keep)
+    new = np.full(g.n, -1, dtype=np.int64)
+    new[kept] = np.arange(len(kept))
+    es, ed = _kept_reach(g, keep)
+    detours = _wide_detours(g, keep)
+    sub = induced_subgraph(g, kept)  # tensors of kept producers, in their order
+    t_kept = np.flatnonzero(keep[g.t_producer])
+    rows, cols = [], []
+    for i, t in enumerate(t_kept.tolist()):
+        cons = set(g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist()) | detours.get(t, set())
+        members = sorted(new[c] for c in cons if keep[c])
+        rows.extend([i] * len(members))
+        cols.extend(members)
+    t_ptr = np.zeros(len(t_kept) + 1, dtype=np.int64)  # rows come sorted, columns per row
+    np.cumsum(np.bincount(np.array(rows, dtype=np.int64), minlength=len(t_kept)), out=t_ptr[1:])
+    t_cons = np.array(cols, dtype=np.int64)
+    relaxed = dataclasses.replace(
+        sub, t_ptr=t_ptr, t_cons=t_cons, e_src=new[es], e_dst=new[ed], name=f"{g.name}[spine]"
+    )
+    work = float(np.asarray(g.work).sum())
+    kept_work = float(np.asarray(g.work)[kept].sum()) / work if work > 0 else 1.0
+    return Spine(relaxed, kept, kept_work, sum(len(x) for x in detours.values()))
+
+
+SPINE_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)  # the removed work allowed per relaxation, as a
+# share of the total: each is a relaxation of its own, the bound takes the best
+
+
+def spine_masks(g: Graph) -> list[np.ndarray]:
+    """The kept-node masks to try, one per budget of SPINE_BUDGETS that changes something:
+    spine positions become separators in increasing order of their spanning work, as many as
+    keep the removed work within the budget (it grows with every position added: bisection)."""
+    path = heaviest_path(g)
+    spans = spine_spans(g, path)
+    work = np.asarray(g.work, dtype=float)
+    total = float(work.sum())
+    order = np.argsort(spans.span_work, kind="stable")
+
+    def keep_first(count: int) -> np.ndarray:
+        chosen = np.zeros(len(path), dtype=bool)
+        chosen[order[:count]] = True
+        return kept_nodes(spans, chosen)
+
+    out: list[np.ndarray] = []
+    for share in SPINE_BUDGETS:
+        lo, hi = 0, len(path)  # keep_first(lo) fits the budget
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if float(work[~keep_first(mid)].sum()) <= share * total * (1 + 1e-12):
+                lo = mid
+            else:
+                hi = mid - 1
+        keep = keep_first(lo)
+        if not any(np.array_equal(keep, x) for x in out):
+            out.append(keep)
+    return out
+
+
+@dataclass(frozen=True)
+class SpineBound:
+    """The best chain bounds over the spine relaxations tried (0 where they prove nothing),
+    and the relaxation that gave the larger one (None when none was tried)."""
+
+    chain_io: float
+    work_io_chain: float
+    spine: Spine | None
+    relaxations: int = 0
+
+
+def spine_bound(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    time_limit: float,
+    target: float | None = None,
+) -> SpineBound:
+    """The io chains of :mod:`solver.pipeline.bounds.chain_io` on each spine relaxation of
+    ``g``'s coarse view (:func:`spine_masks`; each a bound of its G', hence of G), each
+    starting from its io-free chain on the same G' (a weaker relaxation of it, so its proof
+    carries over). The time is shared evenly; the best of each kind is kept."""
+    cg, _ = coarse_view(g)
+    if cg.n > MAX_NODES or cg.n < 2:
+        return SpineBound(0.0, 0.0, None)
+    deadline = time.perf_counter() + time_limit
+    masks = [keep for keep in spine_masks(cg) if not keep.all()]
+    best = SpineBound(0.0, 0.0, None, len(masks))
+    for i, keep in enumerate(masks):
+        seconds = max(0.0, deadline - time.perf_counter()) / (2 * (len(masks) - i))
+        spine = spine_relaxation(cg, keep)
+        memory, work = _io_chains(spine.graph, cluster, k, seconds, target)
+        if max(memory, work) > max(best.chain_io, best.work_io_chain):
+            best = dataclasses.replace(best, spine=spine)
+        best = dataclasses.replace(
+            best, chain_io=max(best.chain_io, memory), work_io_chain=max(best.work_io_chain, work)
+        )
+        if meets_target(target, max(best.chain_io, best.work_io_chain)):
+            break
+    return best
+
+
+def _io_chains(
+    rg: Graph, cluster: Cluster, k: int, seconds: float, target: float | None
+) -> tuple[float, float]:
+    """The chain io (with memory) and work io chain bounds of G' ``rg``, ``seconds`` each."""
+    it = items(rg)
+    chain = chain_bound(rg, it, cluster, k)
+    memory = chain_io_bound(rg, it, cluster, k, chain, seconds, target=target) if chain > 0 else 0.0
+    work_lo = work_chain_bound(rg, it, k)
+    work = chain_io_bound(rg, it, cluster, k, work_lo, seconds, False, target=target)
+    return memory, work

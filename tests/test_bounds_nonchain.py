@@ -1,0 +1,123 @@
+"""The spine relaxation (solver.pipeline.bounds.spine): every block of every plan costs at
+least its kept part in the relaxed graph, so its chain bounds never exceed the brute-force
+optimum; exact values on a hand-built encoder-decoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.core.cluster import Cluster
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds import certified_lower_bound
+from solver.pipeline.bounds.spine import (
+    heaviest_path,
+    kept_nodes,
+    spine_bound,
+    spine_masks,
+    spine_relaxation,
+    spine_spans,
+)
+from solver.pipeline.dp.separators import separators
+from solver.pipeline.exact.brute import all_assignments, batch_costs, brute_force
+
+from .conftest import problems, scaled_examples
+
+TOL = 1e-9
+
+
+@st.composite
+def encoder_decoders(draw, max_nodes: int = 9):
+    """A random small encoder-decoder: an encoder chain ending in E, a decoder chain with a
+    prefix beside the encoder, and cross reads of E by each decoder layer, directly or
+    through a projection node (a detour); random work, sizes and a weight per node."""
+    enc = draw(st.integers(1, 3))
+    dec = draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    names = [f"e{i}" for i in range(enc)] + ["p"] + [f"d{j}" for j in range(dec)]
+    edges = [(i, i + 1) for i in range(enc - 1)]
+    prefix = enc
+    edges.append((prefix, enc + 1))  # the decoder prefix (beside the encoder) feeds d0
+    for j in range(dec):
+        d = enc + 1 + j
+        if j:
+            edges.append((d - 1, d))
+        if len(names) < max_nodes and rng.random() < 0.6:
+            names.append(f"k{j}")  # a projection of E read by decoder layer j
+            edges += [(enc - 1, len(names) - 1), (len(names) - 1, d)]
+        else:
+            edges.append((enc - 1, d))
+    n = len(names)
+    work = rng.integers(0, 6, n).astype(float)
+    sizeout = rng.integers(0, 5, n).astype(float)
+    params = [(f"w{i}", float(rng.integers(0, 4)), [i]) for i in range(n) if rng.random() < 0.5]
+    g = Graph.build(names, work, sizeout, edges, params=params, name="encdec")
+    fast = float(rng.integers(2, 10)) if rng.random() < 0.4 else float("inf")
+    cluster = Cluster(
+        "toy",
+        draw(st.integers(1, 3)),
+        fast_memory=fast,
+        link_bandwidth=float(rng.choice([0.5, 1.0, 2.0])),
+        slow_memory_bandwidth=float(rng.choice([0.5, 1.0, 4.0])),
+    )
+    return g, cluster
+
+
+def _random_masks(cg: Graph, rng: np.random.Generator) -> list[np.ndarray]:
+    """The masks the bound tries, and random ones (the relaxation holds for any kept set)."""
+    masks = spine_masks(cg)
+    for _ in range(3):
+        keep = rng.random(cg.n) < 0.6
+        if keep.any():
+            masks.append(keep)
+    return masks
+
+
+def _check_blocks_cost_at_least_their_kept_part(g: Graph, c: Cluster, seed: int) -> None:
+    cg, _ = coarse_view(g)
+    k = c.devices
+    A = all_assignments(cg, k)
+    f, _ = batch_costs(cg, c, A, k)
+    for keep in _random_masks(cg, np.random.default_rng(seed)):
+        sp = spine_relaxation(cg, keep)
+        rg = sp.graph
+        sub = A[:, sp.kept]
+        # every plan of G is a plan of G' (its order edges follow from G's paths)
+        assert np.all(sub[:, rg.e_src] <= sub[:, rg.e_dst])
+        f_kept, _ = batch_costs(rg, c, sub, k)
+        assert np.all(f_kept <= f * (1 + TOL) + TOL)
+
+
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7), st.integers(0, 2**16))
+def test_random_graphs_blocks_cost_at_least_their_kept_part(prob, seed):
+    _check_blocks_cost_at_least_their_kept_part(*prob, seed)
+
+
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
+@given(encoder_decoders(), st.integers(0, 2**16))
+def test_encoder_decoders_blocks_cost_at_least_their_kept_part(prob, seed):
+    _check_blocks_cost_at_least_their_kept_part(*prob, seed)
+
+
+def _check_bound_below_optimum(g: Graph, c: Cluster) -> None:
+    truth = brute_force(g, c)
+    if truth is None:
+        return
+    res = spine_bound(g, c, c.devices, 2.0)
+    assert res.chain_io <= truth.objective * (1 + TOL) + TOL
+    assert res.work_io_chain <= truth.objective * (1 + TOL) + TOL
+
+
+@settings(max_examples=scaled_examples(200), suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_nodes=7))
+def test_spine_bound_is_below_the_brute_force_optimum(prob):
+    _check_bound_below_optimum(*prob)
+
+
+@settings(max_examples=scaled_examples(200), suppress_health_check=[HealthCheck.too_slow])
+@given(encoder_decoders())
+def test_spine_bound_is_below_the_optimum_of_encoder_decoders(prob):
+    _check_bound_below_optimum(*prob)
