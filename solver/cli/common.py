@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from solver import frontends  # called as frontends.load_graph: tests patch it there
+from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import json_safe
+from solver.core.graph import Graph
 from solver.core.text import CONTROL_CHARS as CONTROL_CHARS  # lives in core.text; kept
 from solver.core.text import esc as esc  # importable here
 from solver.core.units import parse_memory
@@ -40,24 +42,29 @@ def parse_dims(args: argparse.Namespace) -> dict[str, int]:
     return dims
 
 
-def load_graph_and_cluster(args: argparse.Namespace, default=None):
-    """The graph and the cluster: ``--cluster`` if given, else ``default`` (the cluster a plan
-    records; for an ONNX model also its roofline), else what the graph file states, else the
-    default preset; ``--devices`` and ``--memory`` applied."""
+def load_graph_and_cluster(
+    args: argparse.Namespace, known: Cluster | None = None
+) -> tuple[Graph, Cluster]:
+    """The graph and the cluster: ``known`` if given (the cluster a plan records, or
+    ``--cluster`` already read and checked against it; for an ONNX model also its roofline),
+    else ``--cluster``, else what the graph file states, else the default preset; ``--devices``
+    and ``--memory`` applied. A cluster file is read once."""
     dims = parse_dims(args)
-    spec = args.cluster if args.cluster is not None or default is None else default
+    onnx = Path(args.graph).suffix.lower() == ".onnx"
+    if known is None and args.cluster is not None and onnx:
+        known = load_cluster(args.cluster, args.devices)  # the roofline's and the command's
     options = {}
-    if Path(args.graph).suffix.lower() == ".onnx":
+    if onnx:
         options = {
             "dims": dims,
             "work": args.work,
-            "cluster": spec,
+            "cluster": known,
             "devices": args.devices,
             "memory_ok": getattr(args, "memory_ok", False),  # mtpp run --memory-ok
         }
     g = frontends.load_graph(args.graph, **options)
-    if args.cluster is None and default is not None:
-        cluster = default.with_devices(args.devices)
+    if known is not None:
+        cluster = known.with_devices(args.devices)
     else:
         cluster = frontends.resolve_cluster(g, args.cluster, args.devices)
     return g, cluster.with_memory(memory_arg(args))

@@ -16,7 +16,6 @@ from solver.cli.plan_files import (
     command_plan,
     load_joint,
     load_pipeline_plan,
-    peek_plan_file,
     refuse_pipeline_options,
 )
 from solver.core.errors import MtppError
@@ -30,11 +29,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
-    if args.plan is None and peek_plan_file(args.graph) is None:
-        raise MtppError("name the plan: mtpp export MODEL.onnx PLAN --out DIR")
     if args.plan is not None and Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
-    plan = command_plan(args, "export")  # a joint plan may come alone: it names its model
+    # a joint plan may come alone: it names its model
+    plan = command_plan(args, "export", "name the plan: mtpp export MODEL.onnx PLAN --out DIR")
     if plan.kind == JOINT:
         return cmd_export_joint(args, plan)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")

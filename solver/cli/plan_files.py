@@ -96,13 +96,16 @@ def peek_plan_file(path: str) -> PlanFile | None:
         return None
 
 
-def command_plan(args: argparse.Namespace, command: str) -> PlanFile:
-    """The plan a command was given. PLAN may be any file name; a joint plan may also come
-    alone (GRAPH omitted): it names its model, which becomes ``args.graph``."""
+def command_plan(args: argparse.Namespace, command: str, missing: str | None = None) -> PlanFile:
+    """The plan a command was given, read once. PLAN may be any file name; a joint plan may
+    also come alone (GRAPH omitted): it names its model, which becomes ``args.graph``. Without
+    a plan the refusal is ``missing`` (default: name the PLAN: mtpp COMMAND GRAPH PLAN)."""
     if args.plan is None:
         alone = peek_plan_file(args.graph)
         if alone is None:
-            raise MtppError(f"name the PLAN: mtpp {command} GRAPH PLAN (see mtpp {command} --help)")
+            raise MtppError(
+                missing or f"name the PLAN: mtpp {command} GRAPH PLAN (see mtpp {command} --help)"
+            )
         if alone.kind != JOINT:
             raise MtppError(
                 f"{args.graph} is a {alone.kind}, which does not name its graph file; give the "
@@ -220,10 +223,11 @@ def load_pipeline_plan(args: argparse.Namespace, plan: PlanFile) -> PipelineInpu
     records one must agree with it; without it the recorded cluster is used (for an ONNX
     model also for its roofline times, as mtpp solve priced them)."""
     recorded = recorded_cluster(plan)
+    known = recorded
     if recorded is not None and args.cluster is not None:
-        given = load_cluster(args.cluster, args.devices).with_memory(memory_arg(args))
-        check_cluster_agrees(given, recorded, args, plan)
-    g, cluster = load_graph_and_cluster(args, default=recorded)
+        known = load_cluster(args.cluster, args.devices)
+        check_cluster_agrees(known.with_memory(memory_arg(args)), recorded, args, plan)
+    g, cluster = load_graph_and_cluster(args, known)
     if plan.kind == MANUAL:
         a, data = manual_plan_assignment(g, plan)
     else:

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from solver import api
 from solver.cli.common import (
     BYTE_UNITS,
     TIME_UNITS,
@@ -21,20 +22,15 @@ from solver.cli.common import (
     print_list_line,
 )
 from solver.cli.progress import SolveProgress
-from solver.core.cluster import load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import check_output_file
 from solver.core.text import CONTROL_CHARS, esc
 from solver.core.units import format_bytes
-from solver.joint import plan_joint, save_joint_plan
-from solver.joint.submesh import SPACES
-from solver.pipeline import registry  # registry.certified_bound: tests patch it there
+from solver.joint.plan import JointPlan, save_joint_plan
+from solver.pipeline import registry
 from solver.pipeline.heuristics.poprt import format_sharding
-from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
-from solver.pipeline.plan import (
-    OPTIMAL,
-    save_plan,
-)
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.plan import OPTIMAL, Plan, save_plan
 
 
 def _block_rows(plan) -> list[tuple[str, dict | None]]:
@@ -155,18 +151,44 @@ def parse_set(items: list[str]) -> dict:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    if args.method == "joint":
-        return cmd_solve_joint(args)
+    """Plan the graph with a pipeline method or ``--method joint`` (solver.api.solve), write
+    the plan (--out) and show it."""
+    opts = solve_options(args)
+    problem = api.Problem(
+        graph_path=args.graph, cluster=args.cluster, devices=args.devices, work=args.work
+    )
+    api.check_request(problem, args.method, opts)  # every refusal before a big graph is read
+    if args.out is not None:
+        check_output_file(args.out, input_paths(args), "--out")
+    if args.method == api.JOINT:
+        plan = _solve_joint(args, problem, opts)
+    else:
+        plan = _solve_pipeline(args, opts)
+    if args.out is not None:
+        SAVE[type(plan)](plan, args.out)
+    if args.json:
+        print_json(solve_record(plan, args.out))
+        return 0
+    PRINT[type(plan)](plan)
+    if args.out is not None:
+        console().print(f"plan written to {esc(args.out)}")
+    return 0
+
+
+def solve_options(args: argparse.Namespace) -> SolveOptions:
+    """The search options and the method's own (``--set``, and ``--optimal-perf`` and
+    ``--sharding`` for the methods they belong to; joint refuses them in solver.api)."""
     extra = parse_set(args.set)
+    pipeline = args.method != api.JOINT
     if args.optimal_perf:
-        if args.method != "poprt":
+        if pipeline and args.method != "poprt":
             raise MtppError(f"--optimal-perf applies to --method poprt, not {args.method}")
         extra["optimal_perf"] = True
     if args.sharding:
-        if args.method != "manual":
+        if pipeline and args.method != "manual":
             raise MtppError(f"--sharding applies to --method manual, not {args.method}")
         extra["sharding"] = args.sharding
-    opts = SolveOptions(
+    return SolveOptions(
         time_limit=args.time_limit,
         workers=args.workers,
         seed=args.seed,
@@ -174,31 +196,45 @@ def cmd_solve(args: argparse.Namespace) -> int:
         progress=not args.quiet,  # on stderr: with --json, stdout holds only the JSON
         extra=extra,
     )
-    check_solve_options(opts)  # before loading a big graph
-    check_method_options(args.method, extra)
-    if args.out is not None:
-        check_output_file(args.out, input_paths(args), "--out")
+
+
+def _solve_pipeline(args: argparse.Namespace, opts: SolveOptions) -> Plan:
+    """A pipeline method on the graph and cluster of the command line (progress shown for the
+    methods that report it)."""
     g, cluster = load_graph_and_cluster(args)
     reporting = args.method in registry.PROGRESS_METHODS and not args.quiet
     with SolveProgress(reporting, f"{args.method} {g.name}") as progress:
-        plan = registry.solve(g, cluster, args.method, replace(opts, reporter=progress))
+        plan = api.solve(
+            api.Problem(graph=g, cluster=cluster), args.method, replace(opts, reporter=progress)
+        )
     if plan is None:
         raise MtppError(infeasible_message(g, cluster))
-    if args.out is not None:
-        save_plan(plan, args.out)
-    if args.json:
-        out = plan.to_dict()
-        if args.out is not None:
-            out["plan_file"] = str(args.out)
-            del out["assignment"]
-        print_json(out)
-    else:
-        print_plan(plan)
-        if plan.method == "poprt":
-            console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
-        if args.out is not None:
-            console().print(f"plan written to {esc(args.out)}")
-    return 0
+    return plan
+
+
+def _solve_joint(args: argparse.Namespace, problem: api.Problem, opts: SolveOptions) -> JointPlan:
+    """``--method joint``: pipeline stages on sub-meshes of the cluster, sharded inside."""
+    problem = replace(problem, dims=parse_dims(args), memory=memory_arg(args))
+    title = f"joint {Path(args.graph).name}"
+    with SolveProgress(not args.quiet, title, args.time_limit) as progress:
+        return api.solve(problem, api.JOINT, replace(opts, reporter=progress))
+
+
+def solve_record(plan: Plan | JointPlan, plan_file: str | None) -> dict:
+    """The JSON object of mtpp solve: the plan's, with the file it was written to (a pipeline
+    plan's assignment is then left to the file)."""
+    out = plan.to_dict()
+    if plan_file is not None:
+        out["plan_file"] = str(plan_file)
+        out.pop("assignment", None)
+    return out
+
+
+def print_pipeline_plan(plan: Plan) -> None:
+    """A pipeline plan as mtpp solve shows it (poprt: also its sharding points)."""
+    print_plan(plan)
+    if plan.method == "poprt":
+        console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
 
 
 def infeasible_message(g, cluster) -> str:
@@ -213,63 +249,6 @@ def infeasible_message(g, cluster) -> str:
             "(--devices) or a cluster with more memory"
         )
     return text
-
-
-# ---------------------------------------------------------------------- --method joint
-def cmd_solve_joint(args: argparse.Namespace) -> int:
-    """``mtpp solve MODEL.onnx --method joint``: stages on sub-meshes, sharded inside."""
-
-    if Path(args.graph).suffix.lower() != ".onnx":
-        raise MtppError(
-            f"{args.graph}: --method joint needs the ONNX model (a cost graph has no operators "
-            "to shard); pass the .onnx file"
-        )
-    extra = parse_set(args.set)
-    space = extra.pop("space", "joint")
-    if extra:
-        raise MtppError(f"--set {next(iter(extra))}: --method joint takes only --set space=...")
-    if space not in SPACES:
-        raise MtppError(f"--set space={str(space)[:40]}: use one of {', '.join(SPACES)}")
-    for flag, used in (
-        ("--optimal-perf", args.optimal_perf),
-        ("--sharding", args.sharding),
-        ("--work", args.work != "roofline"),
-    ):
-        if used:
-            raise MtppError(f"{flag} does not apply to --method joint")
-    opts = SolveOptions(time_limit=args.time_limit, workers=args.workers, seed=args.seed)
-    opts.gap = args.gap
-    check_solve_options(opts)
-    dims = parse_dims(args)
-    if args.out is not None:
-        check_output_file(args.out, input_paths(args), "--out")
-    cluster = load_cluster(args.cluster, args.devices)
-    memory = memory_arg(args)
-    title = f"joint {Path(args.graph).name}"
-    with SolveProgress(not args.quiet, title, args.time_limit) as progress:
-        plan = plan_joint(
-            args.graph,
-            cluster,
-            memory=memory,
-            time_limit=args.time_limit,
-            dims=dims,
-            space=space,
-            progress=progress,
-            workers=args.workers,
-            gap=args.gap,
-        )
-    if args.out is not None:
-        save_joint_plan(plan, args.out)
-    if args.json:
-        out = plan.to_dict()
-        if args.out is not None:
-            out["plan_file"] = str(args.out)
-        print_json(out)
-        return 0
-    print_joint_plan(plan)
-    if args.out is not None:
-        console().print(f"plan written to {esc(args.out)}")
-    return 0
 
 
 def print_joint_plan(plan, con=None) -> None:
@@ -325,3 +304,8 @@ def print_joint_plan(plan, con=None) -> None:
         "(* = slowest stage; time = program + io in + io out; ops = positions in the "
         "topological order, names in --json)"
     )
+
+
+# the writer and the printer of each kind of plan mtpp solve makes
+SAVE = {Plan: save_plan, JointPlan: save_joint_plan}
+PRINT = {Plan: print_pipeline_plan, JointPlan: print_joint_plan}
