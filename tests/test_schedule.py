@@ -60,6 +60,8 @@ def test_makespan_bounds_and_inflight(case, schedule):
     assert [s.busy for s in run.stages] == pytest.approx((m * (F + B)).tolist())
     if (F + B)[-1] == (F + B).max():  # the last stage is the slowest: the bound is T
         assert run.makespan >= spec.iteration_time(F + B) * (1 - 1e-12)
+    if schedule == "1f1b":  # the slotted timetable of docs/training.md
+        assert run.makespan <= (m + len(F) - 1) * (F + B).max() * (1 + 1e-12)
 
 
 @settings(max_examples=scaled_examples(100))

@@ -8,7 +8,9 @@ input is ready (docs/training.md):
   alternately, then the remaining backwards (Megatron-LM, PipeDream-flush);
 - interleaved 1F1B (v chunks per stage; Megatron's order, m a multiple of p): chunk c of rank
   i is virtual stage c p + i; forwards go in groups of p microbatches through chunk 0, 1, ...,
-  backwards through chunk v - 1, v - 2, ...; (p - i - 1) * 2 + (v - 1) * p warm-up forwards.
+  backwards through chunk v - 1, v - 2, ...; (p - i - 1) * 2 + (v - 1) * p warm-up forwards
+  (all of them when m = p), as ``forward_backward_pipelining_with_interleaving`` in
+  megatron/core/pipeline_parallel/schedules.py.
 
 A forward of microbatch j on (virtual) stage s takes F_s (F_i / v for a chunk) and needs the
 forward of j on s - 1; a backward takes B_s and needs the backward of j on s + 1 (on the last
@@ -104,7 +106,7 @@ def stage_order(spec: TrainingSpec, p: int, i: int) -> list[_Step]:
         units = range(m * v)
         forwards = [_Step("F", _unit_microbatch(u, p, v), (u // p) % v) for u in units]
         backwards = [_Step("B", _unit_microbatch(u, p, v), v - 1 - (u // p) % v) for u in units]
-        warm = min(m * v, (p - i - 1) * 2 + (v - 1) * p)
+        warm = m * v if m == p else min(m * v, (p - i - 1) * 2 + (v - 1) * p)
     order = forwards[:warm]
     for s in range(len(forwards) - warm):
         order += [forwards[warm + s], backwards[s]]

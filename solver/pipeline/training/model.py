@@ -11,9 +11,10 @@ A training plan's stages are its non-empty blocks in order, p of them, with m mi
     memory_i = state * params(S) + peak(S) + inflight_i * stash(S)   (<= capacity C)
 
 with inflight_i = m (GPipe), min(m, p - i) (1F1B) and, interleaved, the chunks Megatron's
-schedule keeps in flight on rank i, min(m v, (v - 1) p + 2 (p - i - 1) + 1), each holding 1/v
-of the stage's stash. ``state`` is the bytes of training state per byte of weights (weights,
-gradients and optimizer state; 4 = fp32 Adam). Every f(S) comes from :func:`core.cost.evaluate`.
+schedule keeps in flight on rank i, min(m v, (v - 1) p + 2 (p - i - 1) + 1) (m v when m = p:
+then every forward runs first), each holding 1/v of the stage's stash. ``state`` is the bytes
+of training state per byte of weights (weights, gradients and optimizer state; 4 = fp32 Adam).
+Every f(S) comes from :func:`core.cost.evaluate`.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class TrainingSpec:
             return np.full(p, float(m))
         if self.schedule == "1f1b" or v == 1:
             return np.minimum(m, p - i).astype(float)
+        if m == p:  # Megatron runs every forward first then (all_warmup_microbatches)
+            return np.full(p, float(m))
         chunks = np.minimum(m * v, (v - 1) * p + 2 * (p - i - 1) + 1)
         return chunks / v
 
