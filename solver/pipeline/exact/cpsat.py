@@ -516,7 +516,17 @@ class _Model:
         link class among its readers' groups (inside the group, between groups), and the
         class's capacity. Every term is the evaluator's, rounded down: exact up to rounding,
         so the proven bound holds for every plan and placement."""
-        g, m, k, cl, x, lo, hi = self.g, self.m, self.k, self.classes, self.x, self.lo, self.hi
+        self._add_class_choice()
+        # per (block, group): receive and send terms, shared by the classes of the group
+        io_terms = [[[] for _ in range(len(self.cluster.groups))] for _ in range(self.k)]
+        self._add_receive_terms(io_terms)
+        self._add_send_terms(io_terms)
+        self._add_class_costs(io_terms)
+
+    def _add_class_choice(self) -> None:
+        """y[b][c]: block b runs on a device of class c (exactly one class per block, at most
+        as many blocks as the class has devices); gy[b][h]: block b runs in group h."""
+        m, k, cl = self.m, self.k, self.classes
         C, H = len(cl), len(self.cluster.groups)
         self.y = [[m.NewBoolVar(f"y_{b}_{c}") for c in range(C)] for b in range(k)]
         for b in range(k):
@@ -524,24 +534,27 @@ class _Model:
         for c in range(C):
             m.Add(sum(self.y[b][c] for b in range(k)) <= int(cl.count[c]))
         in_group = [[c for c in range(C) if cl.group[c] == h] for h in range(H)]
-        gy = [[sum(self.y[b][c] for c in in_group[h]) for h in range(H)] for b in range(k)]
+        self.gy = [[sum(self.y[b][c] for c in in_group[h]) for h in range(H)] for b in range(k)]
         self.ng: dict[int, list] = {}
 
-        def group_of(v: int) -> list:
-            """ng[v][h]: exactly the group of v's block's device (one per node, lazily)."""
-            if v not in self.ng:
-                row = [m.NewBoolVar(f"ng_{v}_{h}") for h in range(H)]
-                m.AddExactlyOne(row)
-                for b in range(lo[v], hi[v] + 1):
-                    for h in range(H):
-                        m.Add(row[h] >= x[v][b] + gy[b][h] - 1)
-                self.ng[v] = row
-            return self.ng[v]
+    def _group_of(self, v: int) -> list:
+        """ng[v][h]: exactly the group of v's block's device (one row per node, made when a
+        term first needs it)."""
+        if v not in self.ng:
+            m, H = self.m, len(self.cluster.groups)
+            row = [m.NewBoolVar(f"ng_{v}_{h}") for h in range(H)]
+            m.AddExactlyOne(row)
+            for b in range(self.lo[v], self.hi[v] + 1):
+                for h in range(H):
+                    m.Add(row[h] >= self.x[v][b] + self.gy[b][h] - 1)
+            self.ng[v] = row
+        return self.ng[v]
 
-        S = self.S
-        bw, lcls = self.link_bw, self.link_cls
-        # per (block, group): receive and send terms, shared by the classes of the group
-        io_terms = [[[] for _ in range(H)] for _ in range(k)]
+    def _add_receive_terms(self, io_terms: list) -> None:
+        """Each received tensor at the link from its producer's group: the cheaper link's
+        cost always, the difference when the dearer link carries it (``io_terms[b][h]``)."""
+        g, m, S = self.g, self.m, self.S
+        H, bw = len(self.cluster.groups), self.link_bw
         for (t, b), ib in self.recv.items():
             self._tick(t)
             size, p = float(g.t_size[t]), int(g.t_producer[t])
@@ -556,12 +569,18 @@ class _Model:
                     io_terms[b][h].append((lo_c, ib))
                 if extra:  # z = the receive happens over the dearer of the two links
                     z = m.NewBoolVar(f"rz_{t}_{b}_{h}")
-                    ng_p = group_of(p)[h]
+                    ng_p = self._group_of(p)[h]
                     if a_bt > a_in:
                         m.Add(z >= ib - ng_p)  # the producer is in another group
                     else:
                         m.Add(z >= ib + ng_p - 1)  # the producer is in this group
                     io_terms[b][h].append((extra, z))
+
+    def _add_send_terms(self, io_terms: list) -> None:
+        """Each sent tensor once per link class among its readers' groups: inside the group,
+        between groups (``io_terms[b][h]``)."""
+        g, m, x, S = self.g, self.m, self.x, self.S
+        H, bw, lcls = len(self.cluster.groups), self.link_bw, self.link_cls
         ordered = set(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
         for (t, b), ob in self.send.items():
             self._tick(t)
@@ -579,20 +598,24 @@ class _Model:
                 s_bt = m.NewBoolVar(f"sb_{t}_{b}_{h}")
                 for c in cons:
                     away = x[p][b] - le_or_x(self, p, c, b, ordered)
-                    ng_c = group_of(c)[h]
+                    ng_c = self._group_of(c)[h]
                     m.Add(s_in >= away + ng_c - 1)  # a reader in another block of group h
                     m.Add(s_bt >= away - ng_c)  # a reader in another group
                 for coef, var in ((a_in, s_in), (a_bt, s_bt)):
                     if coef:
                         io_terms[b][h].append((coef, var))
-        # the enforced cost and capacity of every (block, class)
-        self.placed_terms = [0] * k
+
+    def _add_class_costs(self, io_terms: list) -> None:
+        """The enforced cost (work scaled by the class's compute, overflow against its fast
+        memory, the group's io terms) and capacity of every (block, class)."""
+        g, m, cl, x, lo, hi = self.g, self.m, self.classes, self.x, self.lo, self.hi
+        self.placed_terms = [0] * self.k
         self.ov_class: dict[tuple[int, int], object] = {}
-        f_ov = S / self.cluster.slow_memory_bandwidth
-        for b in range(k):
+        f_ov = self.S / self.cluster.slow_memory_bandwidth
+        for b in range(self.k):
             self._tick()
             members = [v for v in range(g.n) if lo[v] <= b <= hi[v]]
-            for c in range(C):
+            for c in range(len(cl)):
                 h = int(cl.group[c])
                 wc = self.w_class[c]
                 terms = [(int(wc[v]), x[v][b]) for v in members if wc[v]] + io_terms[b][h]
@@ -813,15 +836,52 @@ def _closure_sums(
     return sums(ptr, idx, order, anc_weights), sums(sptr, sidx, order[::-1], desc_weights)
 
 
+@dataclass
+class _Placed:
+    """A plan of the original graph: the block of every node and, on a cluster whose devices
+    or links differ, the device of every block (None: block b on device b)."""
+
+    blocks: np.ndarray
+    devices: np.ndarray | None = None
+
+
+@dataclass
+class _WarmStart:
+    """The caller's hint as the model reads it. ``plan``: on the original graph (None: no
+    hint, or no placement of it fits); ``coarse``: the same blocks on the coarse graph,
+    compacted to 0..j-1 (the model puts empty blocks last); on a cluster whose devices or links
+    differ ``plan.devices`` is its best placement and ``cost`` its objective there."""
+
+    plan: _Placed | None = None
+    coarse: np.ndarray | None = None
+    cost: float | None = None
+
+
+@dataclass
+class _SearchOutcome:
+    """What the CP-SAT search left: its status (UNKNOWN when the warm start met the certified
+    bound and nothing was searched), the bound it proved in integer units, the plan the
+    callback stopped at (None: none), the solver (to read its solution), its worker count, the
+    seconds the model took to build and the statistics so far."""
+
+    status: int
+    bound_int: float
+    met: _Placed | None
+    solver: cp_model.CpSolver
+    workers: int
+    build_seconds: float
+    stats: dict
+
+
 class _Progress(cp_model.CpSolverSolutionCallback):
     """Reports each incumbent (``fn``) and, given ``stop``, stops the search at the first
-    incumbent that meets the certified bound (kept in ``met`` as (assignment, placement))."""
+    incumbent that meets the certified bound (kept in ``met``)."""
 
     def __init__(self, scale: float, start: float, fn, stop=None):
         super().__init__()
         self.scale, self.start, self.fn, self.stop = scale, start, fn, stop
         self.best = math.inf
-        self.met: tuple[np.ndarray, np.ndarray | None] | None = None
+        self.met: _Placed | None = None
 
     def on_solution_callback(self) -> None:
         self.best = self.ObjectiveValue() / self.scale
@@ -850,40 +910,76 @@ def solve_cpsat(
     t0 = time.perf_counter()
     cg, labels = coarse_view(g)
     _check_single_fits(g, cg, labels, cluster)
-    placed = not cluster.homogeneous  # the model also chooses each block's device
-    tie = opts.tie_break and not placed  # the tie-break does not model the placement
-    chint = hint_dev = hint_cost = None
-    if hint is not None:
-        hint = np.asarray(hint)
-        chint = np.empty(cg.n, dtype=np.int64)
-        chint[labels] = hint
-        # compact used blocks to 0..j-1 (the model puts empty blocks last)
-        used = np.unique(chint)
-        chint = np.searchsorted(used, chint)
-        if placed:  # the hint on its best placement (None when no placement fits)
-            hint = chint[labels]
-            best = best_placement(g, cluster, hint)
-            if best.devices is None:
-                hint = chint = None
-            else:
-                hint_dev, hint_cost = best.devices, best.objective
-    warm_met = hint is not None and _plan_meets(g, cluster, hint, hint_dev, opts.stop_at)
+    tie = opts.tie_break and cluster.homogeneous  # the tie-break does not model the placement
+    warm = _warm_start(g, cluster, cg, labels, hint)
+    warm_met = warm.plan is not None and _plan_meets(g, cluster, warm.plan, opts.stop_at)
     if warm_met and not tie:  # nothing left for CP-SAT to do: not even the model is built
-        return _warm_met_plan(g, cluster, hint, hint_dev, opts, t0, cg.n)
+        return _warm_met_plan(g, cluster, warm.plan, opts, t0, cg.n)
     try:
-        # the build may take most of the limit; CP-SAT then gets what is left (below)
-        deadline = t0 + BUILD_SHARE * opts.time_limit
-        model = _Model(cg, cluster, chint, deadline=deadline, upper_cost=hint_cost)
+        model = _build(cg, cluster, warm, opts, t0)
     except _BuildTimeout:
         if warm_met:
-            return _warm_met_plan(g, cluster, hint, hint_dev, opts, t0, cg.n)
-        return _timed_out(g, cluster, hint, opts, t0, cg.n, hint_dev)
-    if chint is not None:
-        model.add_hint(chint)
-        if placed:
-            model.add_placement_hint(chint, hint_dev)
+            return _warm_met_plan(g, cluster, warm.plan, opts, t0, cg.n)
+        return _timed_out(g, cluster, warm.plan, opts, t0, cg.n)
     build_s = time.perf_counter() - t0
+    search = _search(model, g, labels, cluster, opts, t0, build_s, tie, warm_met)
+    if search.status == cp_model.INFEASIBLE:
+        return None
+    chosen = _read(model, search, g, labels, cluster, warm, warm_met, opts)
+    if model.placed:
+        search.stats["bound_scope"] = ALL_PLACEMENTS
+        search.stats["device_classes"] = len(model.classes)
+    # the bound and status are this first stage's; the tie-break only picks among plans
+    # whose re-evaluated bottleneck is at most this plan's
+    chosen.blocks = _tie_break_stage(model, search, g, labels, cluster, chosen.blocks, opts, t0)
+    return _to_plan(g, cluster, model, search, chosen, time.perf_counter() - t0)
 
+
+def _warm_start(
+    g: Graph, cluster: Cluster, cg: Graph, labels: np.ndarray, hint: np.ndarray | None
+) -> _WarmStart:
+    """The hint on the coarse graph with used blocks compacted to 0..j-1, and on a cluster
+    whose devices or links differ on its best placement (none when no placement fits)."""
+    if hint is None:
+        return _WarmStart()
+    hint = np.asarray(hint)
+    coarse = np.empty(cg.n, dtype=np.int64)
+    coarse[labels] = hint
+    coarse = np.searchsorted(np.unique(coarse), coarse)
+    if cluster.homogeneous:
+        return _WarmStart(_Placed(hint), coarse)
+    compact = coarse[labels]
+    best = best_placement(g, cluster, compact)
+    if best.devices is None:
+        return _WarmStart()
+    return _WarmStart(_Placed(compact, best.devices), coarse, best.objective)
+
+
+def _build(cg: Graph, cluster: Cluster, warm: _WarmStart, opts: CpsatOptions, t0: float) -> _Model:
+    """The model of the coarse graph, hinted with the warm start. The build may take most of
+    the limit (BUILD_SHARE; :class:`_BuildTimeout` past it); CP-SAT then gets what is left."""
+    deadline = t0 + BUILD_SHARE * opts.time_limit
+    model = _Model(cg, cluster, warm.coarse, deadline=deadline, upper_cost=warm.cost)
+    if warm.coarse is not None:
+        model.add_hint(warm.coarse)
+        if model.placed:
+            model.add_placement_hint(warm.coarse, warm.plan.devices)
+    return model
+
+
+def _search(
+    model: _Model,
+    g: Graph,
+    labels: np.ndarray,
+    cluster: Cluster,
+    opts: CpsatOptions,
+    t0: float,
+    build_s: float,
+    tie: bool,
+    warm_met: bool,
+) -> _SearchOutcome:
+    """CP-SAT on the model (none when the warm start met the certified bound: only the
+    tie-break runs), stopped at the first incumbent that meets ``opts.stop_at``."""
     # CP-SAT's presolve checks the clock coarsely and overruns on big models by about the time
     # it took to build them: reserve that too, so the whole solve keeps --time-limit
     search_s = max(0.01, opts.time_limit - 2 * build_s)
@@ -897,7 +993,6 @@ def solve_cpsat(
         search_s * (1 - TIE_BREAK_SHARE) if tie else search_s,
         {**params, **opts.params},
     )
-    p = solver.parameters
     stop = _stopper(model, g, labels, cluster, opts.stop_at)
     cb = _Progress(model.S, t0, opts.on_progress, stop)
     if opts.on_progress:
@@ -909,101 +1004,141 @@ def solve_cpsat(
     else:
         status = solver.Solve(model.m, cb)
         bound_int = solver.BestObjectiveBound()
+    workers = solver.parameters.num_workers
     stats = {
         "cpsat_status": "NOT_SOLVED" if warm_met else solver.StatusName(status),
-        "coarse_nodes": cg.n,
+        "coarse_nodes": model.g.n,
         "build_seconds": round(build_s, 3),
         "scale": model.S,
         "branches": 0 if warm_met else solver.NumBranches(),
         "conflicts": 0 if warm_met else solver.NumConflicts(),
-        "workers": p.num_workers,
+        "workers": workers,
         "memory_modelled": model.use_mem,
         **size,
     }
-    if status == cp_model.INFEASIBLE:
-        return None
+    return _SearchOutcome(status, bound_int, cb.met, solver, workers, build_s, stats)
+
+
+def _read(
+    model: _Model,
+    search: _SearchOutcome,
+    g: Graph,
+    labels: np.ndarray,
+    cluster: Cluster,
+    warm: _WarmStart,
+    warm_met: bool,
+    opts: CpsatOptions,
+) -> _Placed:
+    """The first stage's plan: the warm start when it met the bound, the callback's plan when
+    it stopped the search (checked and re-evaluated), the warm start when CP-SAT found none,
+    else CP-SAT's solution unless the warm start is really better or the solution breaks the
+    real capacity (memory is modelled in rounded-down units, costs in rounded-down integers)."""
+    stats = search.stats
     if warm_met:
-        a, dev = hint, hint_dev
         stats["stopped"] = STOPPED_WARM
-    elif cb.met is not None:  # stopped from the callback: its plan is checked and re-evaluated
-        a, dev = cb.met
+        return _Placed(warm.plan.blocks, warm.plan.devices)
+    if search.met is not None:
         stats["stopped"] = STOPPED_INCUMBENT
-    elif status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if hint is None:
+        return search.met
+    if search.status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if warm.plan is None:
             raise MtppError(
                 f"no plan found within the time limit ({opts.time_limit:g} s) and no heuristic "
                 "plan fits either; raise --time-limit"
             )
-        a, dev = hint, hint_dev
-    else:
-        a = model.read(solver)[labels]
-        dev = model.read_placement(solver.Value) if placed else None
-        # memory is modelled in rounded-down units and costs in rounded-down integers: keep
-        # the hint when the model's plan breaks the real capacity or is not really better
-        if hint is not None:
-            mine = evaluate(g, cluster, a, placement=dev).objective
-            worse = evaluate(g, cluster, hint, placement=hint_dev).objective < mine
-            if worse or validate(g, cluster, a, placement=dev):
-                a, dev = hint, hint_dev
-                stats["kept_hint"] = True
-    if placed:
-        stats["bound_scope"] = ALL_PLACEMENTS
-        stats["device_classes"] = len(model.classes)
-    # the bound and status are this first stage's; the tie-break only picks among plans
-    # whose re-evaluated bottleneck is at most this plan's
+        return _Placed(warm.plan.blocks, warm.plan.devices)
+    a = model.read(search.solver)[labels]
+    dev = model.read_placement(search.solver.Value) if model.placed else None
+    if warm.plan is not None:
+        mine = evaluate(g, cluster, a, placement=dev).objective
+        hint = warm.plan
+        worse = evaluate(g, cluster, hint.blocks, placement=hint.devices).objective < mine
+        if worse or validate(g, cluster, a, placement=dev):
+            stats["kept_hint"] = True
+            return _Placed(hint.blocks, hint.devices)
+    return _Placed(a, dev)
+
+
+def _tie_break_stage(
+    model: _Model,
+    search: _SearchOutcome,
+    g: Graph,
+    labels: np.ndarray,
+    cluster: Cluster,
+    a: np.ndarray,
+    opts: CpsatOptions,
+    t0: float,
+) -> np.ndarray:
+    """Among the plans no worse than ``a``, the least transfer then the lowest latency
+    (:mod:`solver.pipeline.exact.tiebreak`), within its share of the time left; the plan's
+    blocks, and what happened in ``stats["tie_break"]``."""
+    stats = search.stats
     if not opts.tie_break:
         stats["tie_break"] = {"summary": "tie-break skipped (tie_break=false)"}
-    elif placed:
+        return a
+    if model.placed:
         stats["tie_break"] = {"summary": "tie-break skipped: it does not model the placement"}
-    else:
-        left = opts.time_limit - (time.perf_counter() - t0) - build_s
-        main = opts.spent_before + time.perf_counter() - t0
-        budget = tie_break_budget(left, main, opts.tie_break_seconds)
-        if budget > TIE_BREAK_MIN_SECONDS / 2:
-            ca = np.empty(cg.n, dtype=np.int64)
-            ca[labels] = a
-            ca = np.searchsorted(np.unique(ca), ca)  # compact, as the hint (same costs)
-            params = {"num_workers": p.num_workers, "random_seed": opts.seed, **opts.params}
-            a, stats["tie_break"] = tie_break(model, g, labels, cluster, ca, budget, params)
-        else:
-            stats["tie_break"] = {"summary": "tie-break skipped: no time left"}
-    wall = time.perf_counter() - t0
-    # the bound CP-SAT proved (whatever the status: also when the time ran out) in integer
-    # units; divided by the scale it bounds the real problem (every cost rounded down)
-    stats["cpsat_bound_int"] = bound_int
-    stats["cpsat_lower_bound"] = bound_int / model.S
-    lb = max(lower_bound(g, cluster), bound_int / model.S)
+        return a
+    left = opts.time_limit - (time.perf_counter() - t0) - search.build_seconds
+    main = opts.spent_before + time.perf_counter() - t0
+    budget = tie_break_budget(left, main, opts.tie_break_seconds)
+    if not budget > TIE_BREAK_MIN_SECONDS / 2:
+        stats["tie_break"] = {"summary": "tie-break skipped: no time left"}
+        return a
+    ca = np.empty(model.g.n, dtype=np.int64)
+    ca[labels] = a
+    ca = np.searchsorted(np.unique(ca), ca)  # compact, as the hint (same costs)
+    params = {"num_workers": search.workers, "random_seed": opts.seed, **opts.params}
+    a, stats["tie_break"] = tie_break(model, g, labels, cluster, ca, budget, params)
+    return a
+
+
+def _to_plan(
+    g: Graph,
+    cluster: Cluster,
+    model: _Model,
+    search: _SearchOutcome,
+    chosen: _Placed,
+    wall: float,
+) -> Plan:
+    """The plan with the bound CP-SAT proved (whatever the status: also when the time ran
+    out), in integer units divided by the scale: it bounds the real problem (every cost
+    rounded down). make_plan certifies: OPTIMAL only when the bound meets the plan, within
+    the model's rounding resolution when CP-SAT proved its optimum (core.result.certify)."""
+    stats = search.stats
+    stats["cpsat_bound_int"] = search.bound_int
+    stats["cpsat_lower_bound"] = search.bound_int / model.S
+    lb = max(lower_bound(g, cluster), search.bound_int / model.S)
     stats["resolution"] = model.resolution
     # CP-SAT's proof covers the rounded model: its plan is optimal within the rounding error
-    proven = status == cp_model.OPTIMAL
-    # make_plan certifies: OPTIMAL only when the bound meets the plan (core.result.certify)
+    proven = search.status == cp_model.OPTIMAL
     return make_plan(
         g,
         cluster,
-        a,
+        chosen.blocks,
         "cpsat",
         lower_bound=lb,
         status=OPTIMAL,
         wall_seconds=wall,
         stats=stats,
         resolution=model.resolution if proven else 0.0,
-        placement=dev,
+        placement=chosen.devices,
     )
 
 
-def _plan_meets(
-    g: Graph, cluster: Cluster, a: np.ndarray, dev: np.ndarray | None, bound: float | None
-) -> bool:
-    """True when plan ``a`` (on placement ``dev``) is valid and its re-evaluated objective
-    meets the proven lower ``bound`` (:func:`meets_bound`)."""
-    if bound is None or not math.isfinite(bound) or validate(g, cluster, a, placement=dev):
+def _plan_meets(g: Graph, cluster: Cluster, plan: _Placed, bound: float | None) -> bool:
+    """True when ``plan`` is valid and its re-evaluated objective meets the proven lower
+    ``bound`` (:func:`meets_bound`)."""
+    if bound is None or not math.isfinite(bound):
         return False
-    return meets_bound(evaluate(g, cluster, a, placement=dev).objective, bound)
+    if validate(g, cluster, plan.blocks, placement=plan.devices):
+        return False
+    return meets_bound(evaluate(g, cluster, plan.blocks, placement=plan.devices).objective, bound)
 
 
 def _stopper(model: _Model, g: Graph, labels: np.ndarray, cluster: Cluster, bound: float | None):
-    """The solution callback's test: ``check(objective_int, value)`` returns the incumbent as
-    (assignment, placement) when it meets ``bound``, else None; None without a bound.
+    """The solution callback's test: ``check(objective_int, value)`` returns the incumbent
+    when it meets ``bound``, else None; None without a bound.
 
     Integer costs are at most S times the real ones, so an incumbent whose integer objective
     is above S * bound * (1 + tol) cannot meet the bound: skipped without reading it (a
@@ -1012,24 +1147,19 @@ def _stopper(model: _Model, g: Graph, labels: np.ndarray, cluster: Cluster, boun
         return None
     ceiling = model.S * bound * (1 + OPTIMALITY_TOL) * (1 + 1e-9) + 1
 
-    def check(objective_int: float, value) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def check(objective_int: float, value) -> _Placed | None:
         if objective_int > ceiling:
             return None
         a = model.read_values(value)[labels]
         dev = model.read_placement(value) if model.placed else None
-        return (a, dev) if _plan_meets(g, cluster, a, dev, bound) else None
+        plan = _Placed(a, dev)
+        return plan if _plan_meets(g, cluster, plan, bound) else None
 
     return check
 
 
 def _warm_met_plan(
-    g: Graph,
-    cluster: Cluster,
-    hint: np.ndarray,
-    hint_dev: np.ndarray | None,
-    opts: CpsatOptions,
-    t0: float,
-    coarse_nodes: int,
+    g: Graph, cluster: Cluster, warm: _Placed, opts: CpsatOptions, t0: float, coarse_nodes: int
 ) -> Plan:
     """The warm-start plan, which meets ``opts.stop_at``: FEASIBLE with the universal bound
     here (the caller's certified bound proves it optimal; the search is skipped)."""
@@ -1043,20 +1173,19 @@ def _warm_met_plan(
             else "tie-break skipped: it does not model the placement"
         },
     }
-    return _hint_plan(g, cluster, hint, hint_dev, t0, stats)
+    return _hint_plan(g, cluster, warm, t0, stats)
 
 
 def _timed_out(
     g: Graph,
     cluster: Cluster,
-    hint: np.ndarray | None,
+    warm: _Placed | None,
     opts: CpsatOptions,
     t0: float,
     coarse_nodes: int,
-    hint_dev: np.ndarray | None = None,
 ) -> Plan:
     """The warm-start plan with the universal bound, when the limit passed during the build."""
-    if hint is None:
+    if warm is None:
         raise MtppError(
             f"no plan found within the time limit ({opts.time_limit:g} s): building the CP-SAT "
             "model took it all and no heuristic plan fits; raise --time-limit"
@@ -1067,22 +1196,22 @@ def _timed_out(
         "coarse_nodes": coarse_nodes,
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
-    return _hint_plan(g, cluster, hint, hint_dev, t0, stats)
+    return _hint_plan(g, cluster, warm, t0, stats)
 
 
-def _hint_plan(g, cluster, hint, hint_dev, t0: float, stats: dict) -> Plan:
-    """The warm-start plan (blocks ``hint`` on devices ``hint_dev``) without a search: FEASIBLE
-    with the universal bound; certify adds the certified one."""
+def _hint_plan(g: Graph, cluster: Cluster, warm: _Placed, t0: float, stats: dict) -> Plan:
+    """The warm-start plan without a search: FEASIBLE with the universal bound; certify adds
+    the certified one."""
     return make_plan(
         g,
         cluster,
-        hint,
+        warm.blocks,
         "cpsat",
         lower_bound=lower_bound(g, cluster),
         status=FEASIBLE,
         wall_seconds=time.perf_counter() - t0,
         stats=stats,
-        placement=hint_dev,
+        placement=warm.devices,
     )
 
 

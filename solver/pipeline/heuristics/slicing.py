@@ -216,29 +216,45 @@ def _slice_on_devices(
         lim = min(val if a is not None else 2 * lim, full) if lim > 0 else full
 
 
-def _slice(
-    g: Graph,
-    cluster: Cluster,
-    order: np.ndarray,
-    k: int,
-    lim: float,
-    W: np.ndarray,
-    deadline: float = math.inf,
-    dv: _Devices | None = None,
-) -> tuple[float, np.ndarray | None]:
-    """One DP pass considering only segments whose cost is at most ``lim`` (on the
-    reference device: whose work is at most ``lim``); ``dv`` prices block b on device b."""
+@dataclass
+class _Events:
+    """What one DP pass over ``order`` reads, computed before the rows.
+
+    io events, sorted by row: at row ``io_row[i]`` tensor ``io_tensor[i]`` changes the starts
+    that pay it, because its producer (``io_consumer[i]`` = -1) or its consumer at position
+    ``io_consumer[i]`` enters the segment; ``io[t]`` is its time on the reference link (its
+    bytes on a device sequence), ``producer[t]``, ``first_consumer[t]`` and ``last_consumer[t]``
+    its positions in the order (n and -1 without consumers). Parameter events (only when some
+    memory limit can bind, ``use_mem``): at row ``par_row[i]`` parameter ``par[i]`` gains the
+    user at position ``par_user[i]``; ``par_bytes[p]`` its size. ``act``: the working set of
+    each position; ``memory``, ``slow_bandwidth`` and ``capacity`` (with its float slack) the
+    reference device's."""
+
+    io_row: list[int]
+    io_tensor: list[int]
+    io_consumer: list[int]
+    io: list[float]
+    producer: list[int]
+    first_consumer: list[int]
+    last_consumer: list[int]
+    use_mem: bool
+    par_row: list[int]
+    par: list[int]
+    par_user: list[int]
+    par_bytes: list[float]
+    act: np.ndarray
+    memory: float
+    slow_bandwidth: float
+    capacity: float
+
+
+def _events(g: Graph, cluster: Cluster, order: np.ndarray, dv: _Devices | None) -> _Events:
+    """The io and parameter events of ``order`` (see :class:`_Events`)."""
     n = g.n
-    timed = math.isfinite(deadline)
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
-    B = cluster.link_bandwidth
-    M = cluster.fast_memory
-    Bm = cluster.slow_memory_bandwidth
     cap = math.inf if cluster.capacity is None else cluster.capacity * (1 + 1e-12)
-    act = g.act[order]
-
-    # ---- io events: (row e at which the event applies, tensor)
+    # io events: (row e at which the event applies, tensor)
     ncons = np.diff(g.t_ptr)
     live = np.flatnonzero((ncons > 0) & (g.t_size > 0))
     P = pos[g.t_producer]
@@ -253,15 +269,9 @@ def _slice(
     ev_t = np.concatenate([live, pt[keep_pair]])
     ev_q = np.concatenate([np.full(len(live), -1), qpos[keep_pair]])
     srt = np.lexsort((ev_t, ev_e))
-    ev_e, ev_t, ev_q = ev_e[srt].tolist(), ev_t[srt].tolist(), ev_q[srt].tolist()
-    io = (g.t_size / B if dv is None else g.t_size).tolist()
-    P_l, minq_l, maxq_l = P.tolist(), minq.tolist(), maxq.tolist()
-    mq = [-1] * g.num_tensors
-    cur: dict[int, list[tuple[int, int]]] = {}
-
-    # ---- parameter events: a weight counts for starts <= its last user before e
+    # parameter events: a weight counts for starts <= its last user before e
     if dv is None:
-        use_mem = math.isfinite(M) or math.isfinite(cap)
+        use_mem = math.isfinite(cluster.fast_memory) or math.isfinite(cap)
     else:
         use_mem = bool(np.isfinite(dv.memory).any() or np.isfinite(dv.capacity).any())
     pv_e, pv_p, pv_u = [], [], []
@@ -271,72 +281,144 @@ def _slice(
         pv_e = (upos[s2] + 1).tolist()
         pv_p = g.pair_param[s2].tolist()
         pv_u = upos[s2].tolist()
-    psize = g.p_size.tolist()
-    mu = [-1] * g.num_params
+    return _Events(
+        io_row=ev_e[srt].tolist(),
+        io_tensor=ev_t[srt].tolist(),
+        io_consumer=ev_q[srt].tolist(),
+        io=(g.t_size / cluster.link_bandwidth if dv is None else g.t_size).tolist(),
+        producer=P.tolist(),
+        first_consumer=minq.tolist(),
+        last_consumer=maxq.tolist(),
+        use_mem=use_mem,
+        par_row=pv_e,
+        par=pv_p,
+        par_user=pv_u,
+        par_bytes=g.p_size.tolist(),
+        act=g.act[order],
+        memory=cluster.fast_memory,
+        slow_bandwidth=cluster.slow_memory_bandwidth,
+        capacity=cap,
+    )
 
-    D_io = _Intervals(n)
-    D_in = D_io if dv is None else _Intervals(n)  # received bytes (device sequences)
-    D_par = _Intervals(n)
+
+class _Sweep:
+    """The segment costs of row e for every start, kept as difference arrays over the starts
+    (io sent, io received on a device sequence, parameter bytes) that the events of
+    :class:`_Events` update as e grows."""
+
+    def __init__(self, ev: _Events, n: int, num_tensors: int, num_params: int, devices: bool):
+        self.ev = ev
+        self.sent = _Intervals(n)
+        self.received = _Intervals(n) if devices else self.sent  # one sum on the reference
+        self.params = _Intervals(n)
+        self.last_consumer = [-1] * num_tensors  # the last consumer position before e
+        self.paying: dict[int, list[tuple[int, int, bool]]] = {}  # tensor -> its intervals
+        self.last_user = [-1] * num_params  # the last user position before e
+        self.next_io = self.next_par = 0
+
+    def advance(self, e: int) -> None:
+        """Apply the events of row e."""
+        ev, ie, ip = self.ev, self.next_io, self.next_par
+        n_ev, n_pv = len(ev.io_row), len(ev.par_row)
+        while ie < n_ev and ev.io_row[ie] == e:
+            t, q = ev.io_tensor[ie], ev.io_consumer[ie]
+            if q >= 0:
+                self.last_consumer[t] = q
+            new = _tensor_intervals(
+                e, ev.producer[t], ev.first_consumer[t], ev.last_consumer[t], self.last_consumer[t]
+            )
+            old = self.paying.get(t, [])
+            if new != old:
+                w = ev.io[t]
+                for a, b, rec in old:
+                    (self.received if rec else self.sent).add(a, b, -w)
+                for a, b, rec in new:
+                    (self.received if rec else self.sent).add(a, b, w)
+                self.paying[t] = new
+            ie += 1
+        while ip < n_pv and ev.par_row[ip] == e:
+            p, u = ev.par[ip], ev.par_user[ip]
+            if self.last_user[p] >= 0:
+                self.params.add(0, self.last_user[p], -ev.par_bytes[p])
+            self.params.add(0, u, ev.par_bytes[p])
+            self.last_user[p] = u
+            ip += 1
+        self.next_io, self.next_par = ie, ip
+
+    def memory(self, lo: int, e: int) -> np.ndarray:
+        """Parameter bytes plus peak working set of the segments [s, e), s = lo..e-1."""
+        act = self.ev.act
+        return self.params.row(lo, e) + np.maximum.accumulate(act[lo:e][::-1])[::-1]
+
+    def costs(self, lo: int, e: int, W: np.ndarray) -> np.ndarray:
+        """f of the segments [s, e), s = lo..e-1, on the reference device (inf: over the
+        capacity)."""
+        ev = self.ev
+        f = (W[e] - W[lo:e]) + self.sent.row(lo, e)
+        if ev.use_mem:
+            mem = self.memory(lo, e)
+            if math.isfinite(ev.memory):
+                f = f + np.maximum(0.0, mem - ev.memory) / ev.slow_bandwidth
+            f[mem > ev.capacity] = math.inf
+        return f[None, :]
+
+    def device_costs(self, lo: int, e: int, W: np.ndarray, dv: _Devices) -> np.ndarray:
+        """f of the segments [s, e), s = lo..e-1, one row per block of the device sequence."""
+        ev = self.ev
+        f = _device_row(dv, W[e] - W[lo:e], self.received.row(lo, e), self.sent.row(lo, e))
+        if ev.use_mem:
+            mem = self.memory(lo, e)
+            f = f + np.maximum(0.0, mem[None, :] - dv.memory[:, None]) / ev.slow_bandwidth
+            f[mem[None, :] > dv.capacity[:, None]] = math.inf
+        return f
+
+
+def _slice(
+    g: Graph,
+    cluster: Cluster,
+    order: np.ndarray,
+    k: int,
+    lim: float,
+    W: np.ndarray,
+    deadline: float = math.inf,
+    dv: _Devices | None = None,
+) -> tuple[float, np.ndarray | None]:
+    """One DP pass considering only segments whose cost is at most ``lim`` (on the
+    reference device: whose work is at most ``lim``); ``dv`` prices block b on device b."""
+    n = g.n
+    timed = math.isfinite(deadline)
+    sweep = _Sweep(_events(g, cluster, order, dv), n, g.num_tensors, g.num_params, dv is not None)
     best = np.full((k + 1, n + 1), math.inf)
     parent = np.zeros((k + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0
     if dv is not None:
         best[:, 0] = 0.0  # leading blocks may be empty on a device sequence
-    ie = ip = 0
-    n_ev, n_pv = len(ev_e), len(pv_e)
+    reach = lim if dv is None else lim * float(dv.speed.max())  # largest reference work
     for e in range(1, n + 1):
         if timed and e % CLOCK_EVERY == 0 and time.perf_counter() > deadline:
             raise SliceTimeout(f"slicing stopped at the time limit after {e:,} of {n:,} nodes")
-        while ie < n_ev and ev_e[ie] == e:
-            t, q = ev_t[ie], ev_q[ie]
-            if q >= 0:
-                mq[t] = q
-            new = _tensor_intervals(e, P_l[t], minq_l[t], maxq_l[t], mq[t])
-            old = cur.get(t, [])
-            if new != old:
-                w = io[t]
-                for a, b, rec in old:
-                    (D_in if rec else D_io).add(a, b, -w)
-                for a, b, rec in new:
-                    (D_in if rec else D_io).add(a, b, w)
-                cur[t] = new
-            ie += 1
-        while ip < n_pv and pv_e[ip] == e:
-            p, u = pv_p[ip], pv_u[ip]
-            if mu[p] >= 0:
-                D_par.add(0, mu[p], -psize[p])
-            D_par.add(0, u, psize[p])
-            mu[p] = u
-            ip += 1
+        sweep.advance(e)
+        lo = int(np.searchsorted(W, W[e] - reach, side="left"))
+        lo = min(lo, e - 1)
+        f = sweep.costs(lo, e, W) if dv is None else sweep.device_costs(lo, e, W, dv)
+        cand = np.maximum(best[:k, lo:e], f)
+        arg = cand.argmin(axis=1)
+        best[1:, e] = cand[np.arange(k), arg]
+        parent[1:, e] = lo + arg
         if dv is not None:
-            lo = int(np.searchsorted(W, W[e] - lim * float(dv.speed.max()), side="left"))
-            lo = min(lo, e - 1)
-            f = _device_row(dv, W[e] - W[lo:e], D_in.row(lo, e), D_io.row(lo, e))
-            if use_mem:
-                mem = D_par.row(lo, e) + np.maximum.accumulate(act[lo:e][::-1])[::-1]
-                f = f + np.maximum(0.0, mem[None, :] - dv.memory[:, None]) / Bm
-                f[mem[None, :] > dv.capacity[:, None]] = math.inf
-            cand = np.maximum(best[:k, lo:e], f)
-            arg = cand.argmin(axis=1)
-            best[1:, e] = cand[np.arange(k), arg]
-            parent[1:, e] = lo + arg
             # an empty block leaves its device idle: block j may also end where j - 1 did
             acc = np.minimum.accumulate(best[:, e])
             parent[acc < best[:, e], e] = e
             best[:, e] = acc
-            continue
-        lo = int(np.searchsorted(W, W[e] - lim, side="left"))
-        lo = min(lo, e - 1)
-        f = (W[e] - W[lo:e]) + D_io.row(lo, e)
-        if use_mem:
-            mem = D_par.row(lo, e) + np.maximum.accumulate(act[lo:e][::-1])[::-1]
-            if math.isfinite(M):
-                f = f + np.maximum(0.0, mem - M) / Bm
-            f[mem > cap] = math.inf
-        cand = np.maximum(best[:k, lo:e], f[None, :])
-        arg = cand.argmin(axis=1)
-        best[1:, e] = cand[np.arange(k), arg]
-        parent[1:, e] = lo + arg
+    return _backtrack(best, parent, order)
+
+
+def _backtrack(
+    best: np.ndarray, parent: np.ndarray, order: np.ndarray
+) -> tuple[float, np.ndarray | None]:
+    """The best slicing of the DP tables: (bottleneck, block of every node), (inf, None)
+    when none fits."""
+    n = best.shape[1] - 1
     j = int(np.argmin(best[:, n]))
     val = float(best[j, n])
     if not math.isfinite(val):
