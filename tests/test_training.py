@@ -185,6 +185,7 @@ SPECS = [
     TrainingSpec("1f1b", 4),
     TrainingSpec("1f1b", 1),
     TrainingSpec("interleaved", 4, virtual_stages=2),
+    TrainingSpec("interleaved", 2, virtual_stages=3),  # m = p on two stages: all forwards first
 ]
 
 

@@ -198,10 +198,13 @@ def _block(cg: Graph, cluster: Cluster, spec: TrainingSpec, inner, outer) -> np.
     )
 
 
-def _suffix_dp(blocks: _Blocks, N: int, k: int, M: float, inflight, capacity) -> _Chain:
-    """Least sum of stage times over chains of ideals from {} to V with at most k non-empty
-    blocks, each with t <= M and memory within ``capacity`` where a block that is the q-th
-    stage from the end keeps ``inflight[q]`` stashes (``inflight``: length k + 1)."""
+def _suffix_dp(
+    blocks: _Blocks, N: int, k: int, M: float, inflight, capacity, exactly: bool = False
+) -> _Chain:
+    """Least sum of stage times over chains of ideals from {} to V with at most k (exactly k
+    with ``exactly``) non-empty blocks, each with t <= M and memory within ``capacity`` where
+    a block that is the q-th stage from the end keeps ``inflight[q]`` stashes (``inflight``:
+    length k + 1)."""
     D = np.full((N, k + 1), math.inf)
     choice = np.full((N, k + 1), -1, dtype=np.int64)  # the block (row) that starts there
     D[N - 1, 0] = 0.0
@@ -219,7 +222,7 @@ def _suffix_dp(blocks: _Blocks, N: int, k: int, M: float, inflight, capacity) ->
         r = cost.argmin(axis=0)
         D[i, 1:] = cost[r, np.arange(k)]
         choice[i, 1:] = np.where(np.isfinite(D[i, 1:]), rows[r], -1)
-    q = int(np.argmin(D[0]))
+    q = k if exactly else int(np.argmin(D[0]))
     total = float(D[0, q])
     if not math.isfinite(total):
         return NO_CHAIN
@@ -233,8 +236,9 @@ def _suffix_dp(blocks: _Blocks, N: int, k: int, M: float, inflight, capacity) ->
 
 
 def _least_sum(blocks: _Blocks, N: int, k: int, spec: TrainingSpec, M: float, capacity):
-    """S(M) over every number of stages p <= k (interleaved: one DP per p, since its
-    in-flight count depends on p and the position; the others on the position only)."""
+    """S(M) over every number of stages p <= k (interleaved: one DP per p with exactly p
+    stages, since its in-flight count depends on p and the position; the others' on the
+    position only)."""
     if spec.schedule != "interleaved" or spec.virtual_stages == 1:
         # spec.inflight(k)[k - q] is the count of the stage q-th from the end, for any p >= q
         inflight = np.concatenate([[0.0], spec.inflight(k)[::-1]])
@@ -242,7 +246,7 @@ def _least_sum(blocks: _Blocks, N: int, k: int, spec: TrainingSpec, M: float, ca
     best = NO_CHAIN
     for p in range(1, k + 1):
         inflight = np.concatenate([[0.0], spec.inflight(p)[::-1]])
-        chain = _suffix_dp(blocks, N, p, M, inflight, capacity)
+        chain = _suffix_dp(blocks, N, p, M, inflight, capacity, exactly=True)
         if chain.total < best.total:
             best = chain
     return best
