@@ -529,55 +529,61 @@ def plot_joint(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
     for ax, (cluster, memory) in zip(axes[0], panels, strict=False):
         mine = [r for r in rows if (r.get("cluster"), r.get("memory") or "") == (cluster, memory)]
-        for s in JOINT_ORDER:
-            pts = sorted(
-                (r["weight_bytes"] / 1e6, r["objective"], r.get("lower_bound"))
-                for r in mine
-                if r["space"] == s and _feasible(r) and r.get("weight_bytes")
-            )
-            if not pts:
-                continue
-            xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1] for p in pts], "o-", color=JOINT_COLORS[s], label=s, markersize=4)
-            lb = [(p[0], p[2]) for p in pts if p[2] is not None]
-            if lb:
-                ax.plot(
-                    *zip(*lb, strict=True),
-                    "--",
-                    color=JOINT_COLORS[s],
-                    linewidth=1,
-                    label=f"{s} bound",
-                )
-        ub: dict[float, float] = {}
-        for r in mine:
-            if r.get("universal_bound") is not None and r.get("weight_bytes"):
-                x = r["weight_bytes"] / 1e6
-                ub[x] = max(ub.get(x, 0.0), r["universal_bound"])
-        if ub:
-            ax.plot(
-                *zip(*sorted(ub.items()), strict=True),
-                ":",
-                color="black",
-                linewidth=1,
-                label="universal bound",
-            )
-        tops: dict[tuple, float] = {}  # each model's name above its highest point
-        for r in mine:
-            if _feasible(r) and r.get("weight_bytes"):
-                key = (r["weight_bytes"] / 1e6, r["graph"])
-                tops[key] = max(tops.get(key, 0.0), r["objective"])
-        for (x, graph), y in tops.items():
-            ax.annotate(
-                graph, (x, y), xytext=(0, 4), textcoords="offset points", fontsize=6, ha="center"
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("model weights (MB)")
-        ax.set_ylabel("period (s)")
+        _joint_panel(ax, mine)
         ax.set_title(f"{cluster}, memory {memory or 'capacity'}", fontsize=9)
         if ax.get_lines():
             ax.legend(fontsize=7)
     _save_figure(fig, out / "joint_vs_spaces.png")
+
+
+def _joint_panel(ax, mine: list[dict]) -> None:
+    """One panel of joint_vs_spaces.png: each space's objective per model size with its
+    lower bound dashed, the universal bound dotted, each model named above its highest point."""
+    for s in JOINT_ORDER:
+        pts = sorted(
+            (r["weight_bytes"] / 1e6, r["objective"], r.get("lower_bound"))
+            for r in mine
+            if r["space"] == s and _feasible(r) and r.get("weight_bytes")
+        )
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        ax.plot(xs, [p[1] for p in pts], "o-", color=JOINT_COLORS[s], label=s, markersize=4)
+        lb = [(p[0], p[2]) for p in pts if p[2] is not None]
+        if lb:
+            ax.plot(
+                *zip(*lb, strict=True),
+                "--",
+                color=JOINT_COLORS[s],
+                linewidth=1,
+                label=f"{s} bound",
+            )
+    ub: dict[float, float] = {}
+    for r in mine:
+        if r.get("universal_bound") is not None and r.get("weight_bytes"):
+            x = r["weight_bytes"] / 1e6
+            ub[x] = max(ub.get(x, 0.0), r["universal_bound"])
+    if ub:
+        ax.plot(
+            *zip(*sorted(ub.items()), strict=True),
+            ":",
+            color="black",
+            linewidth=1,
+            label="universal bound",
+        )
+    tops: dict[tuple, float] = {}  # each model's name above its highest point
+    for r in mine:
+        if _feasible(r) and r.get("weight_bytes"):
+            key = (r["weight_bytes"] / 1e6, r["graph"])
+            tops[key] = max(tops.get(key, 0.0), r["objective"])
+    for (x, graph), y in tops.items():
+        ax.annotate(
+            graph, (x, y), xytext=(0, 4), textcoords="offset points", fontsize=6, ha="center"
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("model weights (MB)")
+    ax.set_ylabel("period (s)")
 
 
 def _conflict_lines(rows: list[dict], instance) -> list[str]:
