@@ -547,21 +547,16 @@ def _component_prices(
 
 
 def _free_part(cp: _ComponentPrices, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The io of the component's tensors when no free node joins the block J minus I, or less
-    when some subset A of the component joins it with its work: min(io, min over A of
-    work(A) + io with A). Zero for blocks without a node of those tensors."""
-    out = np.zeros(len(lo))
-    rows = np.flatnonzero(cp.touch[hi] > cp.touch[lo])
-    if not len(rows) or not len(cp.tab.ts):
-        return out
-    d = cp.tab.cnt[hi[rows]] - cp.tab.cnt[lo[rows]]
+    """For pairs whose block J minus I holds a node of the component's tensors: the io of those
+    tensors when no free node joins the block, or less when some subset A of the component
+    joins it with its work: min(io, min over A of work(A) + io with A). (Other blocks: 0.)"""
+    d = cp.tab.cnt[hi] - cp.tab.cnt[lo]
     size, io = cp.tab.size, cp.tab.io
     best = ((d > 0) & (d < size)).astype(np.float64) @ io
     for s in range(len(cp.work)):
         d2 = d + cp.add[s]
         best = np.minimum(best, cp.work[s] + ((d2 > 0) & (d2 < size)).astype(np.float64) @ io)
-    out[rows] = best
-    return out
+    return best
 
 
 class _Pricer:
@@ -572,6 +567,10 @@ class _Pricer:
         ms = _member_sets(g)
         self.pc = _PairCosts(g, cluster, ideals, ms, ~split.main)
         self.comps = [_component_prices(g, cluster, ideals, ms, c) for c in split.components]
+        self.comps = [cp for cp in self.comps if len(cp.tab.ts)]  # no tensor: nothing to price
+        # ideals x components: how many nodes of the component's tensors the ideal holds
+        touch = [cp.touch for cp in self.comps]
+        self.touch = np.stack(touch, axis=1) if touch else np.zeros((len(ideals), 0), np.int64)
 
     def price(self, pairs: _Pairs, deadline: float) -> None:
         for s in range(0, len(pairs.lo), PAIR_CHUNK):
@@ -579,8 +578,11 @@ class _Pricer:
                 raise _timeout(f"pricing the blocks ({s:,} of {len(pairs.lo):,})")
             lo, hi = pairs.lo[s : s + PAIR_CHUNK], pairs.hi[s : s + PAIR_CHUNK]
             f = self.pc(lo, hi)
-            for cp in self.comps:
-                f = f + _free_part(cp, lo, hi)
+            touched = self.touch[hi] > self.touch[lo]  # blocks holding a node of the tensors
+            for c, cp in enumerate(self.comps):
+                rows = np.flatnonzero(touched[:, c])
+                if len(rows):
+                    f[rows] += _free_part(cp, lo[rows], hi[rows])
             pairs.cost[s : s + PAIR_CHUNK] = f
 
 
