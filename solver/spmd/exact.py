@@ -74,6 +74,16 @@ class ExactResult:
     stats: dict
 
 
+@dataclass
+class _StepBytes:
+    """The bytes held at one step besides the weights: ``terms`` (bytes, literal, its upper
+    bound) + ``const``, at most ``most``."""
+
+    terms: list
+    const: int
+    most: int
+
+
 class DeadlineReached(Exception):
     """The deadline passed while building a model: no model, no bound from it."""
 
@@ -414,8 +424,30 @@ class ShardModel:
 
     def _memory(self) -> None:
         """W + live activations + copies <= limit at every step (or <= the minimised peak)."""
-        sm = self.sm
         cap = self.b_int(self.limit) if self.limit is not None else None
+        self._weights()
+        top = sum(k for k, _ in self.w_terms if k > 0) + self.w_const
+        if cap is not None:
+            top = min(top, cap)
+        self.W = self.m.NewIntVar(0, max(top, 0), "weights")
+        self.m.Add(sum(k * x for k, x in self.w_terms) + self.w_const == self.W)
+        steps = [self._step_bytes(v) for v in range(len(self.sm.ops))]
+        most = max((st.most for st in steps), default=0)
+        self.peak = self.m.NewIntVar(0, top + most, "memory")
+        for st in steps:
+            if self.objective == "time" and top + st.most <= cap:
+                continue  # this step fits whatever is chosen
+            expr = self.W + sum(k * x for k, x, _ in st.terms) + st.const
+            if self.objective == "memory":
+                self.m.Add(self.peak >= expr)
+            if cap is not None:
+                self.m.Add(expr <= cap)
+
+    def _weights(self) -> None:
+        """The weight bytes W as ``w_terms`` (bytes, literal) + ``w_const``: one term per
+        layout class of a weight read by several operators (a literal implied by every choice
+        that reads it so), per choice of its only reader, none for a single class."""
+        sm = self.sm
         w_terms: list[tuple[int, object]] = []
         w_const = 0
         for t, us in self.weights.items():
@@ -449,43 +481,31 @@ class ShardModel:
                 chosen = {(v, s) for v, k in us for s, sh in enumerate(self.cands[v])
                           if canonical(sh.in_layouts[k]) == lay}  # fmt: skip
                 self.aux.append((y, lambda ch, ch0=chosen: int(any(ch[v] == s for v, s in ch0))))
-        top = sum(k for k, _ in w_terms if k > 0) + w_const
-        if cap is not None:
-            top = min(top, cap)
-        self.W = self.m.NewIntVar(0, max(top, 0), "weights")
-        self.m.Add(sum(k * x for k, x in w_terms) + w_const == self.W)
         self.w_terms, self.w_const = w_terms, w_const
-        steps = []
-        for v in range(len(sm.ops)):
-            _check(self.deadline)
-            terms = list(self.step_terms[v])
-            const = self.b_int(self.step_const[v])
-            for s, b in enumerate(self.step_unary[v]):
-                if b and len(self.cands[v]) == 1:
-                    const += self.b_int(b)
-                elif b:
-                    terms.append((self.b_int(b), self.x[v][s], 1))
-            for u, pos in self.live[v]:
-                t = sm.ops[u].outputs[pos]
-                sizes = [
-                    self.b_int(local_bytes(sh.out_layouts[pos], sm.itemsize(t)))
-                    for sh in self.cands[u]
-                ]
-                if len(sizes) == 1:
-                    const += sizes[0]
-                else:
-                    terms += [(k, x, 1) for k, x in zip(sizes, self.x[u], strict=True)]
-            most = sum(k * ub for k, _, ub in terms if k > 0) + const
-            steps.append((terms, const, most))
-        self.peak = self.m.NewIntVar(0, top + max((m for _, _, m in steps), default=0), "memory")
-        for terms, const, most in steps:
-            if self.objective == "time" and top + most <= cap:
-                continue  # this step fits whatever is chosen
-            expr = self.W + sum(k * x for k, x, _ in terms) + const
-            if self.objective == "memory":
-                self.m.Add(self.peak >= expr)
-            if cap is not None:
-                self.m.Add(expr <= cap)
+
+    def _step_bytes(self, v: int) -> _StepBytes:
+        """The bytes held at step ``v`` besides the weights: its copies and outputs, and the
+        activations alive across it."""
+        _check(self.deadline)
+        sm = self.sm
+        terms = list(self.step_terms[v])
+        const = self.b_int(self.step_const[v])
+        for s, b in enumerate(self.step_unary[v]):
+            if b and len(self.cands[v]) == 1:
+                const += self.b_int(b)
+            elif b:
+                terms.append((self.b_int(b), self.x[v][s], 1))
+        for u, pos in self.live[v]:
+            t = sm.ops[u].outputs[pos]
+            sizes = [
+                self.b_int(local_bytes(sh.out_layouts[pos], sm.itemsize(t))) for sh in self.cands[u]
+            ]
+            if len(sizes) == 1:
+                const += sizes[0]
+            else:
+                terms += [(k, x, 1) for k, x in zip(sizes, self.x[u], strict=True)]
+        most = sum(k * ub for k, _, ub in terms if k > 0) + const
+        return _StepBytes(terms, const, most)
 
     def _objective(self) -> None:
         if self.objective == "memory":
