@@ -217,6 +217,9 @@ def test_exact_dp_matches_brute_force(problem, seed, tight, which):
         assert sol.lower <= best * (1 + 1e-9) + 1e-12
     bound = training_lower_bound(g, cl, k, spec)
     assert bound <= free * (1 + 1e-9) + 1e-12  # a bound for every plan, memory or not
+    least_max_f = min(evaluate(g, cl, a, k=k).objective for a in all_assignments(g, k))
+    with_f = training_lower_bound(g, cl, k, spec, max_f_bound=least_max_f)
+    assert bound <= with_f <= free * (1 + 1e-9) + 1e-12
 
 
 def test_dp_with_a_known_plan_prunes_and_agrees():

@@ -301,13 +301,17 @@ def _assignment(ideals: np.ndarray, chain: list[int], n: int) -> np.ndarray:
     return a
 
 
-def training_lower_bound(g: Graph, cluster: Cluster, k: int, spec: TrainingSpec) -> float:
+def training_lower_bound(
+    g: Graph, cluster: Cluster, k: int, spec: TrainingSpec, max_f_bound: float = 0.0
+) -> float:
     """A lower bound on T for every plan of at most k blocks (memory ignored: a relaxation).
 
     With W2 = total work + backward work: sum_i t_i >= W2 (plus the overflow no k devices
     avoid, on a homogeneous cluster); max_i t_i >= sum_i t_i / k, >= core.cost.lower_bound
-    (t_i >= F_i) and >= every coarse node's neighbourhood bound plus its backward work.
-    Then T = a * sum + b * max >= a * (sum bound) + b * (max bound). Proof in docs/training.md.
+    (t_i >= F_i), >= ``max_f_bound`` (a proven lower bound on max f over the plans of at most
+    k blocks, e.g. the certified bounds of solver.pipeline.bounds), and >= every coarse node's
+    neighbourhood bound plus its backward work. Then T = a * sum + b * max >= a * (sum bound)
+    + b * (max bound). Proof in docs/training.md.
     """
     a, b = spec.time_weights
     cg, _ = coarse_view(g)
@@ -324,5 +328,5 @@ def training_lower_bound(g: Graph, cluster: Cluster, k: int, spec: TrainingSpec)
         speed = np.sort(compute / cluster.compute)[::-1]
         total = w2 / float(speed[0])
         per_stage = w2 / float(speed[: min(k, len(speed))].sum())
-    per_stage = max(per_stage, lower_bound(g, cluster, k))
+    per_stage = max(per_stage, lower_bound(g, cluster, k), max_f_bound)
     return a * total + b * per_stage
