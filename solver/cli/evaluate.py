@@ -18,66 +18,52 @@ from solver.cli.plan_files import (
 )
 from solver.cli.solve import print_joint_plan, print_plan
 from solver.core.cost import validate
+from solver.core.result import claim_problem
 from solver.core.text import esc
 from solver.pipeline import registry  # registry.certified_bound: tests patch it there
 from solver.pipeline.plan import (
     FEASIBLE,
     INVALID,
     OPTIMAL,
-    OPTIMALITY_TOL,
-    bound_exceeds,
     make_plan,
-    optimal_within,
 )
+
+
+def _number(x: object) -> bool:
+    """A finite int or float (not a bool, not an int too large for a float)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def check_claim(plan, data: dict, recorded_cluster) -> dict:
     """Compare what a plan file claims (status, lower bound, objective) with the recomputed
-    numbers. The claim is "consistent" or says why not; it is ``used`` for the status only
-    when consistent, made for this cluster (by content: the name may differ), and its bound
-    proves that status."""
-
-    def number(x) -> bool:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            return False
-        try:
-            return math.isfinite(x)
-        except OverflowError:  # an integer too large for a float
-            return False
-
+    numbers (the honest-status rule, :func:`solver.core.result.claim_problem`). The claim is
+    "consistent" or says why not; it is ``used`` for the status only when consistent, made
+    for this cluster (by content: the name may differ), and its bound proves that status."""
     status, bound, obj = data.get("status"), data.get("lower_bound"), data.get("objective")
     res = data.get("optimal_within")
-    res = float(res) if number(res) else 0.0
+    res = float(res) if _number(res) else 0.0
     out = {
         "claimed_status": status[:40] if isinstance(status, str) else None,
-        "claimed_lower_bound": float(bound) if number(bound) else None,
-        "claimed_objective": float(obj) if number(obj) else None,
+        "claimed_lower_bound": float(bound) if _number(bound) else None,
+        "claimed_objective": float(obj) if _number(obj) else None,
         "claimed_optimal_within": res or None,
         "claim": "consistent",
         "used": False,
     }
-    why = None
     if status is None and bound is None:
         out["claim"] = "none (the file states no status or bound)"
         return out
+    why = None
     if recorded_cluster is None or cluster_difference(recorded_cluster, plan.cluster):
         why = "not applicable: evaluated on another cluster than the plan was made for"
-    elif bound is not None and not number(bound):
-        why = f"invalid: the lower bound {str(bound)[:40]!r} is not a finite number"
-    elif obj is not None and not number(obj):
-        why = f"invalid: the objective {str(obj)[:40]!r} is not a finite number"
-    elif number(obj) and abs(obj - plan.objective) > 1e-9 * abs(plan.objective) + 1e-12:
-        why = f"invalid: the file's objective {obj:.10g} differs from the recomputed one"
-    elif number(bound) and bound_exceeds(float(bound), plan.objective):
-        why = f"invalid: the lower bound {bound:.10g} exceeds the objective {plan.objective:.10g}"
-    elif status == OPTIMAL and (
-        not number(bound)
-        or (
-            plan.objective - bound > OPTIMALITY_TOL * plan.objective
-            and not optimal_within(plan.objective, float(bound), res)
-        )
-    ):
-        why = "invalid: OPTIMAL without a lower bound within 1e-6 of the objective"
+    else:
+        problem = claim_problem(plan.objective, status, bound, obj, res)
+        why = None if problem is None else f"invalid: {problem}"
     if why is not None:
         out["claim"] = why
         return out
@@ -142,8 +128,9 @@ def cmd_evaluate_joint(args: argparse.Namespace, plan_file) -> int:
     limit by the joint simulator. The bound is the file's (stated over its space): it is
     checked against the objective, not recomputed. Exit 1 when a stage does not fit."""
     refuse_pipeline_options(args, {"--work": "roofline"})
-    plan, sm = load_joint(args, plan_file)
-    violations = list(simulate_joint(plan, sm, requests=2).sim.violations)
+    joint = load_joint(args, plan_file)
+    plan = joint.plan
+    violations = list(simulate_joint(plan, joint.model, requests=2).sim.violations)
     claimed = plan.status
     if violations:
         plan.status = INVALID

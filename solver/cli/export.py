@@ -128,7 +128,7 @@ def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
     refuse_pipeline_options(args, {"--work": "roofline"})
     check_verify_options(args)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    plan, _ = load_joint(args, plan_file)
+    plan = load_joint(args, plan_file).plan
     report = export_joint(
         plan,
         args.graph,

@@ -23,11 +23,11 @@ from solver.core.files import parse_json, read_text, read_yaml, shown
 from solver.core.graph import Graph
 from solver.core.units import format_bytes, format_rate, format_time
 from solver.frontends.sharding_points import parse_sharding
-from solver.joint.plan import JOINT_FORMAT, check_against_model, load_joint_plan
+from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, load_joint_plan
 from solver.joint.stages import check_stages
 from solver.pipeline.heuristics.manual import manual_assignment
 from solver.pipeline.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
-from solver.spmd.model import load_model
+from solver.spmd.model import ShardModel, load_model
 
 PIPELINE, JOINT, MANUAL = "pipeline plan", "joint plan", "manual sharding"
 EXPECTED = (
@@ -260,7 +260,16 @@ def refuse_pipeline_options(args: argparse.Namespace, names: dict[str, object]) 
             raise MtppError(f"{option} does not apply to a joint plan; drop it")
 
 
-def load_joint(args: argparse.Namespace, plan_file: PlanFile):
+@dataclass
+class JointInputs:
+    """A joint plan checked against its model, and the model as the sharding package reads
+    it (what the joint simulator and exporter take)."""
+
+    plan: JointPlan
+    model: ShardModel
+
+
+def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
     """The joint plan read and checked against its model (one line for every mismatch), a
     ``--cluster``/``--devices`` given checked against the plan's cluster, ``--memory`` as its
     memory limit when given; and the model as the sharding package reads it."""
@@ -278,4 +287,4 @@ def load_joint(args: argparse.Namespace, plan_file: PlanFile):
     if memory is not None:
         plan.memory_limit = memory
     check_against_model(plan, sm, plan_file.path)
-    return plan, sm
+    return JointInputs(plan, sm)

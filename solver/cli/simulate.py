@@ -124,8 +124,9 @@ def cmd_simulate_joint(args: argparse.Namespace, plan_file) -> int:
     check_simulation_size(1, args.requests)
     if args.gantt is not None:
         check_gantt_path(args.gantt, input_paths(args))
-    plan, sm = load_joint(args, plan_file)
-    js = simulate_joint(plan, sm, requests=args.requests)
+    joint = load_joint(args, plan_file)
+    plan = joint.plan
+    js = simulate_joint(plan, joint.model, requests=args.requests)
     if args.gantt is not None:
         title = f"{plan.model_name}: joint plan, {len(plan.stages)} stages"
         draw_gantt(js.sim, plan.cluster.devices, args.gantt, title=title)
