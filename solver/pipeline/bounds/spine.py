@@ -26,6 +26,7 @@ plan of G' beats the optimum of G; a bound proven for G' holds for G.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -34,8 +35,8 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.core.graph import Graph, coarse_view, induced_subgraph
 from solver.core.result import meets_target
-from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
-from solver.pipeline.bounds.chain_io import chain_io_bound
+from solver.pipeline.bounds.chain import chain_bound
+from solver.pipeline.bounds.chain_io import Chain, bins_needed_io, largest_infeasible
 from solver.pipeline.bounds.items import items
 from solver.pipeline.dp.separators import MAX_NODES
 
@@ -226,6 +227,9 @@ def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:
     return Spine(relaxed, kept, kept_work, sum(len(x) for x in detours.values()))
 
 
+SPINE_REL_TOL = 1e-3  # the bisection's relative precision (a few probes; each is a DP)
+TARGET_BAND = 5e-7  # the first probe: this much below a known plan's cost (within the
+# optimality tolerance of solver.core.result.meets_target)
 SPINE_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)  # the removed work allowed per relaxation, as a
 # share of the total: each is a relaxation of its own, the bound takes the best
 
@@ -277,21 +281,23 @@ def spine_bound(
     k: int,
     time_limit: float,
     target: float | None = None,
+    floor: float = 0.0,
 ) -> SpineBound:
     """The io chains of :mod:`solver.pipeline.bounds.chain_io` on each spine relaxation of
-    ``g``'s coarse view (:func:`spine_masks`; each a bound of its G', hence of G), each
-    starting from its io-free chain on the same G' (a weaker relaxation of it, so its proof
-    carries over). The time is shared evenly; the best of each kind is kept."""
+    ``g``'s coarse view (:func:`spine_masks`, the one removing most first; each a bound of its
+    G', hence of G). ``floor``, a bound known already: a relaxation that cannot prove more is
+    left after one probe. The time is shared evenly; the best of each kind is kept."""
     cg, _ = coarse_view(g)
     if cg.n > MAX_NODES or cg.n < 2:
         return SpineBound(0.0, 0.0, None)
     deadline = time.perf_counter() + time_limit
-    masks = [keep for keep in spine_masks(cg) if not keep.all()]
+    masks = [keep for keep in spine_masks(cg) if not keep.all()][::-1]
     best = SpineBound(0.0, 0.0, None, len(masks))
     for i, keep in enumerate(masks):
-        seconds = max(0.0, deadline - time.perf_counter()) / (2 * (len(masks) - i))
+        seconds = max(0.0, deadline - time.perf_counter()) / (len(masks) - i)
         spine = spine_relaxation(cg, keep)
-        memory, work = _io_chains(spine.graph, cluster, k, seconds, target)
+        known = max(floor, best.chain_io, best.work_io_chain)
+        memory, work = _io_chains(spine.graph, cluster, k, seconds, target, known)
         if max(memory, work) > max(best.chain_io, best.work_io_chain):
             best = dataclasses.replace(best, spine=spine)
         best = dataclasses.replace(
@@ -302,13 +308,56 @@ def spine_bound(
     return best
 
 
+@dataclass(frozen=True)
+class _ChainKind:
+    """One io chain's bins: ``scale * (T) + base`` is a bin's capacity at bottleneck T."""
+
+    chain: Chain
+    scale: float
+    base: float
+    top: float  # no bisection above this (every block's largest possible cost)
+
+
 def _io_chains(
-    rg: Graph, cluster: Cluster, k: int, seconds: float, target: float | None
+    rg: Graph, cluster: Cluster, k: int, seconds: float, target: float | None, floor: float
 ) -> tuple[float, float]:
-    """The chain io (with memory) and work io chain bounds of G' ``rg``, ``seconds`` each."""
+    """The chain io (with memory, when memory binds at all) and work io chain bounds of G'
+    ``rg``, half of ``seconds`` each; each 0 when it proves nothing above ``floor``."""
     it = items(rg)
-    chain = chain_bound(rg, it, cluster, k)
-    memory = chain_io_bound(rg, it, cluster, k, chain, seconds, target=target) if chain > 0 else 0.0
-    work_lo = work_chain_bound(rg, it, k)
-    work = chain_io_bound(rg, it, cluster, k, work_lo, seconds, False, target=target)
-    return memory, work
+    M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
+    kinds = {"work": _ChainKind(Chain(rg, it.work, np.zeros_like(it.work), B), 1.0, 0.0, 0.0)}
+    if not math.isinf(M) and chain_bound(rg, it, cluster, k) > 0:
+        memory = Chain(rg, Bm * it.work + it.charged, it.act, B)
+        kinds["memory"] = _ChainKind(memory, Bm, M, 0.0)
+    out = {"work": 0.0, "memory": 0.0}
+    for name, kind in kinds.items():
+        if not kind.chain.ok or kind.chain.m == 0:
+            continue
+        top = float(it.work.sum()) + sum(sec for outs in kind.chain.outs for _, sec in outs)
+        if name == "memory":
+            top += max(0.0, float(it.charged.sum() + it.act.max()) - M) / Bm
+        kind = dataclasses.replace(kind, top=top)
+        out[name] = _largest_proven(kind, k, seconds / len(kinds), target, floor)
+    return out["memory"], out["work"]
+
+
+def _largest_proven(
+    kind: _ChainKind, k: int, seconds: float, target: float | None, floor: float
+) -> float:
+    """The largest T at which the chain needs more than k bins (0 when none above ``floor``
+    is found): a probe at the floor, one just below the target, then doubling steps and
+    bisection (:func:`solver.pipeline.bounds.chain_io.largest_infeasible`) to SPINE_REL_TOL."""
+
+    def infeasible(t: float) -> bool:
+        return bins_needed_io(kind.chain, kind.scale * t + kind.base, k, kind.scale) > k
+
+    if kind.top <= 0 or (floor > 0 and not infeasible(floor)):
+        return 0.0
+    if target is not None and math.isfinite(target) and target > floor:
+        near = target / (1 + TARGET_BAND)
+        if infeasible(near):
+            return near
+    lo = floor if floor > 0 else 0.0
+    step = lo / 64 if lo > 0 else kind.top / k
+    t_end = time.perf_counter() + seconds
+    return largest_infeasible(infeasible, lo, step, kind.top, SPINE_REL_TOL, t_end)
