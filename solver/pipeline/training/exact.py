@@ -41,6 +41,8 @@ MAX_IDEALS = 3_000  # the subset table is ideals^2 booleans
 MAX_PAIRS = 300_000  # blocks priced through the evaluator, one call each
 EPS = 1e-9  # relative slack on float comparisons; the bound is reported this much low
 ROW_CHUNK = 512  # ideals per subset test
+STACKED_NODES = 20_000  # nodes of the stacked copies priced by one evaluator call (larger
+# stacks were slower: np.unique over longer arrays)
 
 
 class TrainingDPDoesNotApply(MtppError):
@@ -165,37 +167,74 @@ def _price_blocks(
     w2 = ideals @ w2_node
     total = float(w2_node.sum())
     a, b = spec.time_weights
-    s_work = w2[last] - w2[first]
-    keep = a * total + b * s_work <= upper * (1 + EPS)
+    keep = a * total + b * (w2[last] - w2[first]) <= upper * (1 + EPS)
     first, last = first[keep], last[keep]
     if len(first) > MAX_PAIRS:
         raise TrainingDPDoesNotApply(
             f"training DP: {len(first):,} blocks to price (at most {MAX_PAIRS:,})"
         )
-    out = np.zeros((4, len(first)))
-    for r, (i, j) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
-        if r % 256 == 0 and time.perf_counter() > deadline:
+    chunk = max(1, STACKED_NODES // cg.n)
+    stacked = _stacked(cg, min(chunk, max(1, len(first))))
+    parts = []
+    for lo in range(0, len(first), chunk):
+        if time.perf_counter() > deadline:
             raise TrainingDPDoesNotApply("training DP: time limit while pricing blocks")
-        out[:, r] = _block(cg, cluster, spec, ideals[i], ideals[j])
-    time_s, static, stash, w2_s = out
+        inner, outer = ideals[first[lo : lo + chunk]], ideals[last[lo : lo + chunk]]
+        parts.append(_block_terms(cg, stacked, cluster, inner, outer))
+    terms = np.concatenate(parts, axis=1) if parts else np.zeros((4, 0))
+    time_s = terms[0] + terms[1]
+    static = spec.optimizer_state * terms[2] + terms[3]
+    s_mask = ideals[last] & ~ideals[first]
+    stash, w2_s = s_mask @ cg.stash_bytes, s_mask @ w2_node
     ok = a * (total - w2_s + time_s) + b * time_s <= upper * (1 + EPS)
     return _Blocks(first[ok], last[ok], time_s[ok], static[ok], stash[ok])
 
 
-def _block(cg: Graph, cluster: Cluster, spec: TrainingSpec, inner, outer) -> np.ndarray:
-    """(t, state * params + peak, stash, work + backward work) of S = outer minus inner."""
-    plan = np.where(outer, np.where(inner, 0, 1), 2)
-    ev = evaluate(cg, cluster, plan, k=3)
-    s = outer & ~inner
-    backward = float(cg.backward_work[s].sum()) + ev.io_in[1] + ev.io_out[1]
-    return np.array(
-        [
-            ev.f[1] + backward,
-            spec.optimizer_state * ev.params[1] + ev.peak[1],
-            float(cg.stash_bytes[s].sum()),
-            float(cg.work[s].sum() + cg.backward_work[s].sum()),
-        ]
+def _stacked(cg: Graph, copies: int) -> Graph:
+    """``copies`` disjoint copies of ``cg`` (no tensor or weight shared between copies): one
+    evaluator call on it prices one three-block plan per copy, exactly as on ``cg``."""
+    n = cg.n
+    node_off = np.arange(copies) * n
+
+    def csr(ptr: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        counts = np.tile(np.diff(ptr), copies)
+        new_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return new_ptr, (idx[None, :] + node_off[:, None]).ravel()
+
+    t_ptr, t_cons = csr(cg.t_ptr, cg.t_cons)
+    p_ptr, p_users = csr(cg.p_ptr, cg.p_users)
+    empty = np.zeros(0, dtype=np.int64)
+    return Graph(
+        names=cg.names * copies,
+        work=np.tile(cg.work, copies),
+        act=np.tile(cg.act, copies),
+        t_producer=(cg.t_producer[None, :] + node_off[:, None]).ravel(),
+        t_size=np.tile(cg.t_size, copies),
+        t_ptr=t_ptr,
+        t_cons=t_cons,
+        e_src=empty,
+        e_dst=empty,
+        p_names=cg.p_names * copies,
+        p_size=np.tile(cg.p_size, copies),
+        p_ptr=p_ptr,
+        p_users=p_users,
+        group=np.full(n * copies, -1, dtype=np.int64),
+        name=f"{cg.name} x {copies}",
     )
+
+
+def _block_terms(cg: Graph, stacked: Graph, cluster: Cluster, inner, outer) -> np.ndarray:
+    """Rows F, B, params, peak of the blocks S = outer minus inner (one column per pair of
+    rows), from one evaluator call on the stacked copies (plan I | S | rest in each copy)."""
+    r = len(inner)
+    plan = np.where(outer, np.where(inner, 0, 1), 2) + 3 * np.arange(r)[:, None]
+    copies = stacked.n // cg.n
+    full = 2 + 3 * np.repeat(np.arange(copies), cg.n)  # copies past r: one block of their own
+    full[: plan.size] = plan.ravel()
+    ev = evaluate(stacked, cluster, full, k=3 * copies)
+    mid = 3 * np.arange(r) + 1
+    backward = (outer & ~inner) @ cg.backward_work + ev.io_in[mid] + ev.io_out[mid]
+    return np.stack([ev.f[mid], backward, ev.params[mid], ev.peak[mid]])
 
 
 def _suffix_dp(
