@@ -202,11 +202,12 @@ def _peak_inflight(tasks: list[Task]) -> int:
 
 def gantt_chart(run: ScheduleRun, path: str, title: str | None = None) -> None:
     """A PNG Gantt chart of the schedule: one row per stage, forwards light, backwards dark,
-    each bar labelled with its microbatch."""
+    each bar labelled with its microbatch (and ``.chunk`` when interleaved)."""
     import matplotlib  # heavy: matplotlib (imported only to draw)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy: matplotlib
+    from matplotlib.patches import Patch  # heavy: matplotlib
 
     p = len(run.stages)
     fig, ax = plt.subplots(figsize=(min(24, 4 + len(run.tasks) / (2 * max(p, 1))), 1 + 0.6 * p))
@@ -214,16 +215,19 @@ def gantt_chart(run: ScheduleRun, path: str, title: str | None = None) -> None:
     for t in run.tasks:
         ax.barh(t.stage, t.end - t.start, left=t.start, color=colours[t.kind], edgecolor="white")
         if t.end - t.start > run.makespan / 80:
-            ax.text(
-                (t.start + t.end) / 2,
-                t.stage,
-                str(t.microbatch),
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
+            label = f"{t.microbatch}" + (f".{t.chunk}" if run.spec.virtual_stages > 1 else "")
+            ax.text((t.start + t.end) / 2, t.stage, label, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
     ax.invert_yaxis()
+    ax.legend(
+        handles=[
+            Patch(color=colours["F"], label="forward"),
+            Patch(color=colours["B"], label="backward"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+    )
     ax.set_xlabel("seconds")
     ax.set_title(
         title or f"{run.spec.schedule}, m = {run.spec.microbatches}: makespan {run.makespan:.6g} s"
