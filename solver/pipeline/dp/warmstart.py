@@ -33,7 +33,7 @@ def skips_search(res: ChainResult | None) -> bool:
 
 
 FIRST_MAX_IDEALS = 6_000  # ideals of the first attempt (its blocks grow as their square)
-FIRST_SHARE = 0.5  # of the time limit, at most, for the first attempt
+FIRST_SHARE = 0.25  # of the time limit, at most, for the first attempt (as the warm start's)
 CHAIN_PROOF = (
     "exact DP over the ideals of the separator chain (docs/bounds.md); no CP-SAT search needed"
 )
