@@ -208,7 +208,8 @@ def ideal_dp(
     res = solve_ideals(g, cluster, cluster.devices, upper, time_limit, max_ideals)
     if math.isinf(res.lower):  # no chain of main blocks fits the capacity: no plan does
         return math.inf, None, res.stats
-    if res.assignment is not None and res.value <= res.lower * (1 + 3 * EPS):
+    # the plan meets the DP's optimum up to float rounding (res.lower is that optimum, 1e-9 low)
+    if res.assignment is not None and res.value <= res.lower / (1 - EPS) * (1 + 1e-10):
         return res.value, res.assignment, res.stats
     left = time_limit - (time.perf_counter() - t0)
     return _all_ideals_dp(g, cluster, upper, max_ideals, left)
