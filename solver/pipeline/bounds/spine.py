@@ -228,6 +228,8 @@ def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:
 
 
 SPINE_REL_TOL = 1e-3  # the bisection's relative precision (a few probes; each is a DP)
+FIRST_SHARE = 0.6  # the time of the first relaxation (the one removing most: it sees most
+# separators); the others share the rest, and stop after one probe when they cannot help
 TARGET_BAND = 5e-7  # the first probe: this much below a known plan's cost (within the
 # optimality tolerance of solver.core.result.meets_target)
 SPINE_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)  # the removed work allowed per relaxation, as a
@@ -294,7 +296,8 @@ def spine_bound(
     masks = [keep for keep in spine_masks(cg) if not keep.all()][::-1]
     best = SpineBound(0.0, 0.0, None, len(masks))
     for i, keep in enumerate(masks):
-        seconds = max(0.0, deadline - time.perf_counter()) / (len(masks) - i)
+        left = max(0.0, deadline - time.perf_counter())
+        seconds = left * FIRST_SHARE if i == 0 and len(masks) > 1 else left / (len(masks) - i)
         spine = spine_relaxation(cg, keep)
         known = max(floor, best.chain_io, best.work_io_chain)
         memory, work = _io_chains(spine.graph, cluster, k, seconds, target, known)
@@ -345,19 +348,33 @@ def _largest_proven(
     kind: _ChainKind, k: int, seconds: float, target: float | None, floor: float
 ) -> float:
     """The largest T at which the chain needs more than k bins (0 when none above ``floor``
-    is found): a probe at the floor, one just below the target, then doubling steps and
-    bisection (:func:`solver.pipeline.bounds.chain_io.largest_infeasible`) to SPINE_REL_TOL."""
+    is found): a probe at the floor, one just below the target, then bisection between them
+    (without a target: doubling steps from the floor and bisection,
+    :func:`solver.pipeline.bounds.chain_io.largest_infeasible`), to SPINE_REL_TOL."""
 
     def infeasible(t: float) -> bool:
         return bins_needed_io(kind.chain, kind.scale * t + kind.base, k, kind.scale) > k
 
     if kind.top <= 0 or (floor > 0 and not infeasible(floor)):
         return 0.0
-    if target is not None and math.isfinite(target) and target > floor:
+    lo = floor if floor > 0 else 0.0
+    t_end = time.perf_counter() + seconds
+    if target is not None and math.isfinite(target) and target > lo:
         near = target / (1 + TARGET_BAND)
         if infeasible(near):
             return near
-    lo = floor if floor > 0 else 0.0
+        return _bisect(infeasible, lo, near, t_end)  # lo is proven, near is not provable
     step = lo / 64 if lo > 0 else kind.top / k
-    t_end = time.perf_counter() + seconds
     return largest_infeasible(infeasible, lo, step, kind.top, SPINE_REL_TOL, t_end)
+
+
+def _bisect(infeasible, lo: float, hi: float, t_end: float) -> float:
+    """The largest T proven infeasible between ``lo`` (proven, or 0) and ``hi`` (feasible):
+    bisection to SPINE_REL_TOL or the deadline."""
+    while hi - lo > SPINE_REL_TOL * hi and time.perf_counter() < t_end:
+        mid = 0.5 * (lo + hi)
+        if infeasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
