@@ -369,11 +369,23 @@ class _Costs:
 CHUNK = 200_000  # pairs priced at once
 
 
+@dataclass
+class _PairTable:
+    """The block candidates in CSR form: the blocks that end at ideal J start at the ideals
+    ``cand[ptr[J]:ptr[J + 1]]``, with their costs f(J minus I) in ``cost`` and the bytes each
+    receives in ``recv``."""
+
+    ptr: np.ndarray
+    cand: np.ndarray
+    cost: np.ndarray
+    recv: np.ndarray
+
+
 def _table(
     ids: _Ideals, cost: _Costs, allowed: np.ndarray, upper: float, deadline: float, st: dict
-):
-    """CSR of the pairs (I, J) with I < J allowed and f(J minus I) <= upper: (ptr, cand, f,
-    bytes received). ``st`` keeps the progress: a call stopped by the deadline resumes."""
+) -> _PairTable:
+    """The pairs (I, J) with I < J allowed and f(J minus I) <= upper. ``st`` keeps the
+    progress: a call stopped by the deadline resumes."""
     if not st:
         st.update(lim=upper * (1 + EPS), gi=0, total=0, cands=[], costs=[], recvs=[])
         st["counts"] = np.zeros(ids.N, dtype=np.int64)
@@ -414,7 +426,7 @@ def _table(
     cand = np.concatenate(cands) if cands else np.zeros(0, np.int32)
     f = np.concatenate(costs) if costs else np.zeros(0)
     recv = np.concatenate(recvs) if recvs else np.zeros(0)
-    return ptr, cand, f, recv
+    return _PairTable(ptr, cand, f, recv)
 
 
 def _fewest_blocks(ptr, cand, f, N: int, T: float, k: int) -> np.ndarray | None:
@@ -450,11 +462,11 @@ def _assignment(ids: _Ideals, chain: np.ndarray) -> np.ndarray:
     return a
 
 
-def _least_transfer(table, N: int, T: float, k: int) -> np.ndarray | None:
+def _least_transfer(table: _PairTable, N: int, T: float, k: int) -> np.ndarray | None:
     """Among chains of at most k blocks each of cost <= T, the one that transfers the fewest
     bytes, then has the lowest latency (sum of block costs); None when there is none.
     A DP over (ideal, blocks used)."""
-    ptr, cand, f, recv = table
+    ptr, cand, f, recv = table.ptr, table.cand, table.cost, table.recv
     tb = np.full((N, k + 1), math.inf)
     tl = np.full((N, k + 1), math.inf)
     arg = np.full((N, k + 1), -1, dtype=np.int32)
@@ -488,7 +500,9 @@ def _least_transfer(table, N: int, T: float, k: int) -> np.ndarray | None:
     return np.asarray(chain[::-1])
 
 
-def _tie_break(g: Graph, cluster: Cluster, k: int, ids, table, res: ChainResult) -> None:
+def _tie_break(
+    g: Graph, cluster: Cluster, k: int, ids: _Ideals, table: _PairTable, res: ChainResult
+) -> None:
     """At the proven optimum, the plan that sends the fewest bytes, then has the lowest latency
     (issue 11 item 4): exact, over every plan with that bottleneck."""
     first = evaluate(g, cluster, res.assignment, k=k)
@@ -522,11 +536,19 @@ def _tie_break(g: Graph, cluster: Cluster, k: int, ids, table, res: ChainResult)
     }
 
 
-def _bisect(table, N: int, k: int, lo_val: float, deadline: float, res: ChainResult, ids):
+def _bisect(
+    table: _PairTable,
+    N: int,
+    k: int,
+    lo_val: float,
+    deadline: float,
+    res: ChainResult,
+    ids: _Ideals,
+) -> None:
     """Bisection over the distinct pair costs: the largest proven infeasible one gives
     ``res.lower`` (the next cost up: every plan's bottleneck is a pair cost), a feasible one
     a plan. ``lo_val``: a proven lower bound (every cost below it is infeasible)."""
-    ptr, cand, f, _ = table
+    ptr, cand, f = table.ptr, table.cand, table.cost
     costs = np.unique(f)
     lo = int(np.searchsorted(costs, lo_val * (1 - EPS), side="left")) - 1  # costs[lo] < lo_val
     hi = len(costs) - 1
@@ -582,78 +604,125 @@ def chain_ideal_dp(
     by the caller between calls on the same graph, cluster and k, so that a call stopped by its
     deadline resumes where it stopped."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
     st = {} if state is None else state
     res = ChainResult(lower=0.0)
     sep = separators(g)
-    if sep is None or not cluster.homogeneous or k < 1:
-        res.stats["skipped"] = "graph too large for reachability, or a heterogeneous cluster"
+    why = _chain_unsupported(g, cluster, k, sep)
+    if why is not None:
+        res.stats["skipped"] = why
         return res
+    try:
+        _solve_chain(g, cluster, k, sep, lower, upper, t0, t0 + time_limit, st, res)
+    except _Out as e:  # "stopped" (by the deadline: a later call resumes) or "skipped"
+        res.stats["stopped" if "time limit" in str(e) else "skipped"] = str(e)
+    res.stats["seconds"] = round(time.perf_counter() - t0, 3)
+    return res
+
+
+def _chain_unsupported(g: Graph, cluster: Cluster, k: int, sep: np.ndarray | None) -> str | None:
+    """Why the DP does not apply (None: it does): no separators computed (a graph too large
+    for reachability), devices or links that differ, or a tensor along no order edge."""
+    if sep is None or not cluster.homogeneous or k < 1:
+        return "graph too large for reachability, or a heterogeneous cluster"
     n = g.n
     order_edges = set((g.e_src * n + g.e_dst).tolist())
     du, dv = g.data_edges
     cross = du != dv  # a tensor a merged node consumes itself never crosses
     if not all(x in order_edges for x in (du[cross] * n + dv[cross]).tolist()):
-        res.stats["skipped"] = "a data edge is not an order edge"
-        return res
-    try:
-        if "cost" not in st:
-            ids = _Ideals(g, sep, deadline)
-            # every plan has a block of cost >= lower: the table holds at least the pairs
-            # whose work fits under it (a quick refusal before the frontiers are built)
-            if _window(ids, lower) > 4 * MAX_PAIRS:
-                raise _Out(f"about {_window(ids, lower):,} block candidates or more")
-            st["cost"] = _Costs(g, cluster, ids, _Frontier(g, ids, deadline))
-        cost = st["cost"]
-        ids = cost.id
-        res.stats["ideals"] = ids.N
-        res.stats["prepare_seconds"] = round(time.perf_counter() - t0, 3)
-        # 1. plans that cut only at gap ends: a quick real plan, whose cost prunes step 2
-        if "gap_end" not in st:
-            sizes = np.array([len(x) for x in ids.members])
-            ends = ~ids.dbits.any(axis=1) | (ids.dbits.sum(axis=1) == sizes[ids.a])
-            coarse = ChainResult()
-            table = _table(ids, cost, ends, upper, deadline, {})
-            _bisect(table, ids.N, k, 0.0, deadline, coarse, ids)
-            val = math.inf
-            if coarse.assignment is not None:
-                val = float(evaluate(g, cluster, coarse.assignment, k=k).objective)
-            st["gap_end"] = (val, coarse.assignment)
-        val, a = st["gap_end"]
-        if a is not None:
-            res.stats["gap_end_plan"] = val
-            res.value, res.assignment = val, a
-        # 2. every ideal, every block whose cost fits under the best plan's
-        window = _window(ids, min(upper, res.value) * (1 + EPS))
-        res.stats["window_pairs"] = window
-        if window > 4 * MAX_PAIRS:
-            raise _Out(f"about {window:,} block candidates")
-        everything = np.ones(ids.N, dtype=bool)
-        table = _table(
-            ids, cost, everything, min(upper, res.value), deadline, st.setdefault("table", {})
-        )
-        res.stats["pairs"] = len(table[1])
-        res.stats["table_seconds"] = round(time.perf_counter() - t0, 3)
-        full = ChainResult(lower=0.0)
-        _bisect(table, ids.N, k, lower, deadline, full, ids)
-        res.lower = full.lower
-        if full.assignment is not None:
-            val = float(evaluate(g, cluster, full.assignment, k=k).objective)
-            if val < res.value:
-                res.value, res.assignment = val, full.assignment
-        if res.optimal:  # one more pass over the table, even past the deadline
-            full.value = res.value
-            full.assignment = res.assignment
-            _tie_break(g, cluster, k, ids, table, full)
-            res.before_tie_break, res.assignment = res.assignment, full.assignment
-            res.stats["tie_break"] = full.stats["tie_break"]
-            st.clear()  # done: the tables are no longer needed
-        if "stopped" in full.stats:
-            res.stats["stopped"] = full.stats["stopped"]
-    except _Out as e:  # "stopped" (by the deadline: a later call resumes) or "skipped"
-        res.stats["stopped" if "time limit" in str(e) else "skipped"] = str(e)
-    res.stats["seconds"] = round(time.perf_counter() - t0, 3)
-    return res
+        return "a data edge is not an order edge"
+    return None
+
+
+def _solve_chain(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    sep: np.ndarray,
+    lower: float,
+    upper: float,
+    t0: float,
+    deadline: float,
+    st: dict,
+    res: ChainResult,
+) -> None:
+    """The DP's two passes into ``res``: plans that cut only at gap ends (a quick real plan,
+    whose cost prunes the second pass), then every ideal and every block whose cost fits
+    under the best plan's; the exact tie-break at a proven optimum. Raises :class:`_Out`
+    past the deadline (``st`` keeps the work done) or when a table would be too large."""
+    cost = _prepared_costs(g, cluster, sep, lower, deadline, st)
+    ids = cost.id
+    res.stats["ideals"] = ids.N
+    res.stats["prepare_seconds"] = round(time.perf_counter() - t0, 3)
+    if "gap_end" not in st:
+        st["gap_end"] = _gap_end_plan(g, cluster, k, cost, upper, deadline)
+    quick = st["gap_end"]
+    if quick.assignment is not None:
+        res.stats["gap_end_plan"] = quick.value
+        res.value, res.assignment = quick.value, quick.assignment
+    window = _window(ids, min(upper, res.value) * (1 + EPS))
+    res.stats["window_pairs"] = window
+    if window > 4 * MAX_PAIRS:
+        raise _Out(f"about {window:,} block candidates")
+    everything = np.ones(ids.N, dtype=bool)
+    table = _table(
+        ids, cost, everything, min(upper, res.value), deadline, st.setdefault("table", {})
+    )
+    res.stats["pairs"] = len(table.cand)
+    res.stats["table_seconds"] = round(time.perf_counter() - t0, 3)
+    full = ChainResult(lower=0.0)
+    _bisect(table, ids.N, k, lower, deadline, full, ids)
+    res.lower = full.lower
+    if full.assignment is not None:
+        val = float(evaluate(g, cluster, full.assignment, k=k).objective)
+        if val < res.value:
+            res.value, res.assignment = val, full.assignment
+    if res.optimal:  # one more pass over the table, even past the deadline
+        full.value = res.value
+        full.assignment = res.assignment
+        _tie_break(g, cluster, k, ids, table, full)
+        res.before_tie_break, res.assignment = res.assignment, full.assignment
+        res.stats["tie_break"] = full.stats["tie_break"]
+        st.clear()  # done: the tables are no longer needed
+    if "stopped" in full.stats:
+        res.stats["stopped"] = full.stats["stopped"]
+
+
+def _prepared_costs(
+    g: Graph, cluster: Cluster, sep: np.ndarray, lower: float, deadline: float, st: dict
+) -> _Costs:
+    """The ideals of the chain and what prices their pairs (computed once, kept in ``st``)."""
+    if "cost" not in st:
+        ids = _Ideals(g, sep, deadline)
+        # every plan has a block of cost >= lower: the table holds at least the pairs
+        # whose work fits under it (a quick refusal before the frontiers are built)
+        if _window(ids, lower) > 4 * MAX_PAIRS:
+            raise _Out(f"about {_window(ids, lower):,} block candidates or more")
+        st["cost"] = _Costs(g, cluster, ids, _Frontier(g, ids, deadline))
+    return st["cost"]
+
+
+@dataclass
+class _GapEndPlan:
+    """The best plan that cuts only at gap ends (``assignment`` None: none) and its cost."""
+
+    value: float
+    assignment: np.ndarray | None
+
+
+def _gap_end_plan(
+    g: Graph, cluster: Cluster, k: int, cost: _Costs, upper: float, deadline: float
+) -> _GapEndPlan:
+    """The first pass: the DP on the ideals that end at gap ends (a plan, no proof)."""
+    ids = cost.id
+    sizes = np.array([len(x) for x in ids.members])
+    ends = ~ids.dbits.any(axis=1) | (ids.dbits.sum(axis=1) == sizes[ids.a])
+    coarse = ChainResult()
+    table = _table(ids, cost, ends, upper, deadline, {})
+    _bisect(table, ids.N, k, 0.0, deadline, coarse, ids)
+    val = math.inf
+    if coarse.assignment is not None:
+        val = float(evaluate(g, cluster, coarse.assignment, k=k).objective)
+    return _GapEndPlan(val, coarse.assignment)
 
 
 def ideal_chain(
