@@ -348,8 +348,9 @@ def _largest_proven(
     kind: _ChainKind, k: int, seconds: float, target: float | None, floor: float
 ) -> float:
     """The largest T at which the chain needs more than k bins (0 when none above ``floor``
-    is found): a probe at the floor, one just below the target, then bisection between them
-    (without a target: doubling steps from the floor and bisection,
+    is found): a probe at the floor, bisection between it and the target (and a probe just
+    below the target when the bisection got near it; without a target: doubling steps from
+    the floor and bisection,
     :func:`solver.pipeline.bounds.chain_io.largest_infeasible`), to SPINE_REL_TOL."""
 
     def infeasible(t: float) -> bool:
@@ -360,17 +361,20 @@ def _largest_proven(
     lo = floor if floor > 0 else 0.0
     t_end = time.perf_counter() + seconds
     if target is not None and math.isfinite(target) and target > lo:
+        # no T at or above a plan's cost is infeasible: bisect below it, and probe just
+        # below it only when every probe was infeasible (the bound may then meet it)
+        found = _bisect(infeasible, lo, target, t_end)
         near = target / (1 + TARGET_BAND)
-        if infeasible(near):
+        if found >= target * (1 - 2 * SPINE_REL_TOL) and near > found and infeasible(near):
             return near
-        return _bisect(infeasible, lo, near, t_end)  # lo is proven, near is not provable
+        return found
     step = lo / 64 if lo > 0 else kind.top / k
     return largest_infeasible(infeasible, lo, step, kind.top, SPINE_REL_TOL, t_end)
 
 
 def _bisect(infeasible, lo: float, hi: float, t_end: float) -> float:
-    """The largest T proven infeasible between ``lo`` (proven, or 0) and ``hi`` (feasible):
-    bisection to SPINE_REL_TOL or the deadline."""
+    """The largest T proven infeasible between ``lo`` (proven, or 0) and ``hi`` (feasible
+    or a plan's cost): bisection to SPINE_REL_TOL or the deadline."""
     while hi - lo > SPINE_REL_TOL * hi and time.perf_counter() < t_end:
         mid = 0.5 * (lo + hi)
         if infeasible(mid):
