@@ -1,0 +1,157 @@
+"""Certificates on graphs that are not chains: encoder-decoders and a diffusion U-Net.
+
+    python benchmarks/bench_nonchain.py [--models t5-small,unet] [--k 8,16] [--time-limit 60]
+        [--torch-python /tmp/nc-venv/bin/python] [--out-dir /tmp/nonchain]
+
+Builds each model with ``models/export_hf.py`` (random weights, legacy torch exporter unless
+the model needs the dynamo one; built once into ``--out-dir``, never committed) with the
+``--torch-python`` interpreter (default: this one), which needs torch, transformers,
+onnxscript and diffusers; a model it cannot build is skipped with the builder's message.
+Then runs ``mtpp solve MODEL -k K --time-limit T --json`` for every k, one at a time, and
+prints one Markdown row per case: status, objective, bound, binding bound, gap, wall seconds,
+with the 1-minute load average before each case (the machine may be shared: say how loaded).
+``--spine-seconds S`` adds a column: the spine bound (docs/bounds.md) computed alone in this
+process with S seconds and the plan's cost as its target, from no other bound: what the
+relaxation proves when the solve's share of the bound time is too short on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from solver.frontends import load_graph, resolve_cluster
+from solver.pipeline.bounds.spine import spine_bound
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> export_hf arguments (shapes from the models' configs, reduced where noted)
+MODELS = {
+    "t5-small": ["t5", "--layers", "6", "--hidden", "512", "--heads", "8", "--seq", "64"],
+    "t5-base": ["t5", "--layers", "12", "--hidden", "768", "--heads", "12", "--seq", "64"],
+    "bart-base": ["bart", "--layers", "6", "--hidden", "768", "--heads", "12", "--seq", "64"],
+    # Whisper-small's layers and width, 128 audio positions (1500 in the real model); its
+    # convolution front needs the dynamo exporter (aten::diff has no opset-17 export)
+    "whisper-small": [
+        "whisper",
+        "--exporter",
+        "dynamo",
+        "--layers",
+        "12",
+        "--hidden",
+        "768",
+        "--heads",
+        "12",
+        "--image",
+        "128",
+        "--seq",
+        "64",
+    ],
+    # diffusers UNet2DConditionModel (export_hf's two-level block layout), width 64
+    "unet": ["unet", "--layers", "2", "--hidden", "64", "--heads", "8", "--image", "16"]
+    + ["--seq", "16"],
+}
+
+
+def build(name: str, out_dir: Path, python: str) -> Path | str:
+    """The model's ONNX file (built once), or the reason it could not be built."""
+    path = out_dir / f"{name}.onnx"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [python, str(ROOT / "models" / "export_hf.py"), *MODELS[name], "--out", str(path)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not path.exists():
+        lines = (r.stderr or r.stdout).strip().splitlines() or ["no output"]
+        return f"not built ({lines[-1]})"
+    return path
+
+
+def solve(path: Path, k: int, time_limit: float) -> dict:
+    """``mtpp solve`` on one case: its JSON, with the wall seconds and the load before it."""
+    load = os.getloadavg()[0]
+    cmd = [sys.executable, "-m", "solver.cli", "solve", str(path), "-k", str(k)]
+    cmd += ["--time-limit", str(time_limit), "--json", "--quiet"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1], "load": load}
+    out = json.loads(r.stdout)
+    out.update(wall=wall, load=load)
+    return out
+
+
+def spine_alone(path: Path, k: int, target: float, seconds: float) -> str:
+    """The spine bound of the case alone (its better kind), with its seconds."""
+    t0 = time.perf_counter()
+    g = load_graph(path)
+    res = spine_bound(g, resolve_cluster(g, None, k), k, seconds, target)
+    value = max(res.chain_io, res.work_io_chain)
+    return f"{value * 1e6:.4g} us ({time.perf_counter() - t0:.1f} s)"
+
+
+def row(name: str, k: int, r: dict, spine: str | None = None) -> str:
+    if "error" in r:
+        return f"| {name} | {k} | error: {r['error']} | | | | | | {r['load']:.1f} |"
+    bound = (r.get("stats") or {}).get("bound") or {}
+    binding = bound.get("binding") if isinstance(bound, dict) else None
+    gap = r.get("gap")
+    cells = [
+        name,
+        str(k),
+        r.get("status"),
+        f"{r['objective'] * 1e6:.4g} us",
+        f"{(r.get('lower_bound') or 0.0) * 1e6:.4g} us",
+        binding or "-",
+        "-" if gap is None else f"{100 * gap:.1f}%",
+        f"{r['wall']:.1f}",
+        f"{r['load']:.1f}",
+    ]
+    if spine is not None:
+        cells.append(spine)
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--models", default="t5-small,unet", help=f"comma-separated: {list(MODELS)}")
+    ap.add_argument("--k", default="8,16", help="comma-separated device counts")
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--torch-python", default=sys.executable, help="builds the models")
+    ap.add_argument("--out-dir", type=Path, default=Path("/tmp/nonchain"))
+    ap.add_argument("--spine-seconds", type=float, default=0.0, help="see above (0: no column)")
+    args = ap.parse_args()
+    names = args.models.split(",")
+    unknown = [x for x in names if x not in MODELS]
+    if unknown:
+        print(f"unknown model {unknown[0]!r}: choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
+    cols = ["model", "k", "status", "objective", "bound", "binding", "gap", "wall s", "load"]
+    cols += ["spine alone"] if args.spine_seconds > 0 else []
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for name in names:
+        path = build(name, args.out_dir, args.torch_python)
+        if isinstance(path, str):
+            print(f"| {name} | | skipped: {path} |", flush=True)
+            continue
+        for k in (int(x) for x in args.k.split(",")):
+            r = solve(path, k, args.time_limit)
+            spine = None
+            if args.spine_seconds > 0 and "error" not in r:
+                spine = spine_alone(path, k, r["objective"], args.spine_seconds)
+            print(row(name, k, r, spine), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
