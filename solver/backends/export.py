@@ -130,27 +130,8 @@ def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> lis
     inits = {t.name for t in g.initializer}
     graph_inputs = {i.name for i in g.input if i.name not in inits}
     graph_outputs = [o.name for o in g.output]
-
-    def reads(i: int) -> list[str]:
-        node = g.node[i]
-        xs = [x for x in node.input if x]
-        if node.op_type in CONTROL_FLOW:
-            xs += [x for x in subgraph_inputs(node) if x not in xs]
-        return xs
-
-    need_later: dict[str, set[int]] = {}
-    for i, node in enumerate(g.node):
-        if i in static:
-            continue
-        for x in reads(i):
-            p = producer.get(x)
-            if p is not None and p not in static and dev[p] != dev[i]:
-                if dev[p] > dev[i]:
-                    raise MtppError(
-                        f"node {node.name or i!r} on device {dev[i]} reads {x!r} from the "
-                        f"later device {dev[p]}: the plan does not respect the graph order"
-                    )
-                need_later.setdefault(x, set()).add(dev[i])
+    reads = [_reads(node) for node in g.node]
+    need_later = _sent_later(g, dev, static, producer, reads)
     stages = []
     for s in range(k):
         own = [i for i in range(len(g.node)) if i not in static and dev[i] == s]
@@ -161,7 +142,7 @@ def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> lis
         inputs, used_inits = [], set()
         while todo:
             i = todo.pop()
-            for x in reads(i):
+            for x in reads[i]:
                 p = producer.get(x)
                 if x in inits:
                     used_inits.add(x)
@@ -186,6 +167,32 @@ def stage_models(model, dev: list[int], static: set[int], shapes, k: int) -> lis
             }
         )
     return stages
+
+
+def _reads(node) -> list[str]:
+    """The tensors a node reads: its inputs, and for control flow its bodies' outer names."""
+    xs = [x for x in node.input if x]
+    if node.op_type in CONTROL_FLOW:
+        xs += [x for x in subgraph_inputs(node) if x not in xs]
+    return xs
+
+
+def _sent_later(g, dev: list[int], static: set[int], producer: dict, reads: list) -> dict:
+    """Tensor -> the later devices that read it; refuses a node reading from a later device."""
+    need_later: dict[str, set[int]] = {}
+    for i, node in enumerate(g.node):
+        if i in static:
+            continue
+        for x in reads[i]:
+            p = producer.get(x)
+            if p is not None and p not in static and dev[p] != dev[i]:
+                if dev[p] > dev[i]:
+                    raise MtppError(
+                        f"node {node.name or i!r} on device {dev[i]} reads {x!r} from the "
+                        f"later device {dev[p]}: the plan does not respect the graph order"
+                    )
+                need_later.setdefault(x, set()).add(dev[i])
+    return need_later
 
 
 def _build_stage(model, st: dict, shapes):

@@ -170,12 +170,7 @@ def export_joint(
     programs = stage_programs(plan, sm)
     needed = verify_memory(sm, programs) if verify else 0.0
     if verify and not verify_memory_ok:
-        check_memory(
-            needed,
-            "--verify (the whole model in onnxruntime, then each stage on its emulated devices)",
-            "estimated",
-            "pass --verify-memory-ok to run it anyway, or export without --verify",
-        )
+        _check_verify_memory(needed)
     model = onnx.load(str(model_path), load_external_data=False)  # weights by reference
     attributes_to_metadata(model)
     tmp = temp_dir_beside(out_dir)
@@ -204,6 +199,16 @@ def export_joint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _check_verify_memory(needed: float) -> None:
+    """Refuse (one line) a ``--verify`` that needs more memory than is available."""
+    check_memory(
+        needed,
+        "--verify (the whole model in onnxruntime, then each stage on its emulated devices)",
+        "estimated",
+        "pass --verify-memory-ok to run it anyway, or export without --verify",
+    )
 
 
 def readme(manifest: dict) -> str:

@@ -40,19 +40,34 @@ from solver.spmd.model import ShardModel
 AGREE = 1e-9  # relative difference between a recorded and a simulated time still "equal"
 
 
-def transfer(plan, sm: ShardModel, src, dst, tensor: str) -> tuple[float, float]:
-    """(seconds on each side, latency) of ``tensor`` from stage ``src`` to stage ``dst``."""
+@dataclass(frozen=True)
+class Transfer:
+    """A tensor sent from one stage to another."""
+
+    seconds: float  # busy time on each side
+    latency: float  # the largest latency of the links between the two stages
+
+
+def transfer(plan, sm: ShardModel, src, dst, tensor: str) -> Transfer:
+    """``tensor`` from stage ``src`` to stage ``dst``."""
     links = [plan.cluster.link(int(a), int(b)) for a in src.devices for b in dst.devices]
     bw = min(x[0] for x in links)
     lat = max(x[1] for x in links)
     size = float(math.prod(sm.shapes[tensor]) * sm.itemsize(tensor))
-    return size / (min(len(src.devices), len(dst.devices)) * bw), lat
+    return Transfer(size / (min(len(src.devices), len(dst.devices)) * bw), lat)
 
 
-def stage_device_programs(plan, sm: ShardModel, programs: list[StageProgram]):
+@dataclass
+class StagePrograms:
+    """Every stage as a :class:`DeviceProgram`, and the tensor names its integer ids stand for."""
+
+    programs: list[DeviceProgram]
+    names: list[str]
+
+
+def stage_device_programs(plan, sm: ShardModel, programs: list[StageProgram]) -> StagePrograms:
     """Per stage: messages in (one per tensor and sending stage), its operators' compute plus
-    input redistributions, the output reduction, and messages out (one per receiving stage).
-    Returns the programs and the names their integer tensor ids stand for."""
+    input redistributions, the output reduction, and messages out (one per receiving stage)."""
     made_by = {}
     for pos, p in enumerate(programs):
         for op in p.sm.ops:
@@ -71,15 +86,15 @@ def stage_device_programs(plan, sm: ShardModel, programs: list[StageProgram]):
             src = made_by.get(t)
             if src is None:  # a model input: it arrives free, as in the sharding cost model
                 continue
-            seconds, lat = transfer(plan, sm, programs[src].stage, p.stage, t)
+            sent = transfer(plan, sm, programs[src].stage, p.stage, t)
             i = tid.setdefault(t, len(names))
             if i == len(names):
                 names.append(t)
-            prog.recv.append((i, seconds))
-            progs[src].send.append((i, seconds))
+            prog.recv.append((i, sent.seconds))
+            progs[src].send.append((i, sent.seconds))
             prog.senders.add(src)
-            prog.latency[src] = max(prog.latency.get(src, 0.0), lat)
-    return progs, names
+            prog.latency[src] = max(prog.latency.get(src, 0.0), sent.latency)
+    return StagePrograms(progs, names)
 
 
 @dataclass
@@ -109,16 +124,15 @@ def simulate_joint(
     """Push ``requests`` requests through the stages of ``plan`` (``sm``: the model as
     :func:`solver.spmd.load_model` reads it). All requests wait at time 0 to measure the
     steady-state period; latency is then measured releasing one request per period, as
-    :func:`solver.backends.simulate.simulate` does. Raises :class:`MtppError` for a plan that does
-    not
-    fit the model (:func:`solver.joint.stages.check_stages`) or a run that is too large."""
+    :func:`solver.backends.simulate.simulate` does. Raises :class:`MtppError` for a plan that
+    does not fit the model (:func:`solver.joint.stages.check_stages`) or a run that is too large."""
     check_simulation_size(len(plan.stages), int(requests))
     if programs is None:
         programs = stage_programs(plan, sm)
-    progs, _ = stage_device_programs(plan, sm, programs)
+    progs = stage_device_programs(plan, sm, programs).programs
     R = max(1, int(requests))
     first = _run(progs, R, 0.0, keep_timeline)
-    finish, begin = first["finish"], first["begin"]
+    finish, begin = first.finish, first.begin
     half = R // 2
     if half < R - 1:
         period = float((finish[-1] - finish[half]) / (R - 1 - half))
@@ -127,21 +141,10 @@ def simulate_joint(
     latency_mean = float(np.mean(finish - begin))
     if R > 1 and period > 0:
         paced = _run(progs, R, period, 0)
-        latency_mean = float(np.mean(paced["finish"] - paced["begin"]))
-    k = plan.cluster.devices
+        latency_mean = float(np.mean(paced.finish - paced.begin))
     makespan = float(finish[-1])
-    busy = np.zeros(k)
-    memory = np.zeros(k)
-    activations = np.zeros(k)
-    timeline = []
-    for pos, p in enumerate(programs):
-        for d in p.stage.devices:
-            busy[int(d)] = first["busy"][pos]
-            memory[int(d)] = p.program.memory_per_device
-            activations[int(d)] = p.program.peak_activation_memory
-    for pos, r, kind, s, e in first["timeline"]:
-        timeline += [(int(d), r, kind, s, e) for d in programs[pos].stage.devices]
-    stages, violations = _stage_rows(plan, programs, progs)
+    dev = _PerDevice.of(plan.cluster.devices, programs, first)
+    report = _stage_rows(plan, programs, progs)
     sim = Simulation(
         mode="pipelined",
         overlap=False,
@@ -151,18 +154,51 @@ def simulate_joint(
         latency_first=float(finish[0] - begin[0]),
         latency_mean=latency_mean,
         makespan=makespan,
-        busy=busy / makespan if makespan > 0 else busy,
-        idle=1.0 - (busy / makespan if makespan > 0 else busy),
-        peak_memory=memory,
-        activation_peak=activations,
-        valid=not violations,
-        violations=violations,
-        timeline=timeline,
+        busy=dev.busy / makespan if makespan > 0 else dev.busy,
+        idle=1.0 - (dev.busy / makespan if makespan > 0 else dev.busy),
+        peak_memory=dev.memory,
+        activation_peak=dev.activations,
+        valid=not report.violations,
+        violations=report.violations,
+        timeline=dev.timeline,
     )
-    return JointSimulation(sim, stages)
+    return JointSimulation(sim, report.rows)
 
 
-def _run(progs: list[DeviceProgram], R: int, interval: float, keep_timeline: int) -> dict:
+@dataclass
+class _Pass:
+    """One pass of the event loop, per request r: when it left the pipeline (``finish[r]``)
+    and when it began (``begin[r]``); per stage its busy time; the phases kept."""
+
+    finish: np.ndarray
+    begin: np.ndarray
+    busy: np.ndarray
+    timeline: list[tuple[int, int, str, float, float]]  # (stage position, r, kind, start, end)
+
+
+@dataclass
+class _PerDevice:
+    """A pass seen per device: every device of a stage shows that stage."""
+
+    busy: np.ndarray
+    memory: np.ndarray
+    activations: np.ndarray
+    timeline: list[tuple[int, int, str, float, float]]
+
+    @classmethod
+    def of(cls, k: int, programs: list[StageProgram], first: _Pass) -> _PerDevice:
+        out = cls(np.zeros(k), np.zeros(k), np.zeros(k), [])
+        for pos, p in enumerate(programs):
+            for d in p.stage.devices:
+                out.busy[int(d)] = first.busy[pos]
+                out.memory[int(d)] = p.program.memory_per_device
+                out.activations[int(d)] = p.program.peak_activation_memory
+        for pos, r, kind, s, e in first.timeline:
+            out.timeline += [(int(d), r, kind, s, e) for d in programs[pos].stage.devices]
+        return out
+
+
+def _run(progs: list[DeviceProgram], R: int, interval: float, keep_timeline: int) -> _Pass:
     """The event loop: stage ``i`` starts request ``r`` when its senders' messages arrived,
     stage i-1 sent r, it sent r-1 itself, and r was released (``r * interval``)."""
     n = len(progs)
@@ -184,10 +220,18 @@ def _run(progs: list[DeviceProgram], R: int, interval: float, keep_timeline: int
                 phases = [("recv", t0, t1), ("compute", t1, t2), ("send", t2, send_end[i, r])]
                 timeline += [(i, r, kind, s, e) for kind, s, e in phases if e > s]
     begin = np.maximum(start.min(axis=0), np.arange(R) * interval)
-    return {"finish": send_end.max(axis=0), "begin": begin, "busy": busy, "timeline": timeline}
+    return _Pass(send_end.max(axis=0), begin, busy, timeline)
 
 
-def _stage_rows(plan, programs, progs) -> tuple[list[dict], list[str]]:
+@dataclass
+class _StageReport:
+    """The JSON rows of the stages and every violation found."""
+
+    rows: list[dict]
+    violations: list[str]
+
+
+def _stage_rows(plan, programs, progs) -> _StageReport:
     """Per stage: devices, simulated parts and time, the plan's recorded time, collectives,
     redistributions and memory; and every disagreement or memory excess as a violation."""
     rows, bad = [], []
@@ -234,4 +278,4 @@ def _stage_rows(plan, programs, progs) -> tuple[list[dict], list[str]]:
                 "memory_per_device": prog.memory_per_device,
             }
         )
-    return rows, bad
+    return _StageReport(rows, bad)
