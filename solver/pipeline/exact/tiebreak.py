@@ -57,8 +57,25 @@ def candidate(g: Graph, cluster: Cluster, a: np.ndarray) -> Candidate:
     return Candidate(np.asarray(a), ev.objective, float(ev.bytes_in.sum()), ev.latency)
 
 
+class _Best:
+    """The best acceptable plan read so far: valid, with a bottleneck no higher than
+    ``first``'s, and better (:meth:`Candidate.better_than`)."""
+
+    def __init__(self, model, g: Graph, labels: np.ndarray, cluster: Cluster, first: Candidate):
+        self.model, self.g, self.labels, self.cluster = model, g, labels, cluster
+        self.first = self.plan = first
+
+    def accept(self, value) -> None:
+        """Read a solution (``value(var)``), re-evaluate it and keep it when acceptable."""
+        ca = self.model.read_values(value)
+        c = candidate(self.g, self.cluster, ca[self.labels])
+        ok = c.objective <= self.first.objective and c.better_than(self.plan)
+        if ok and not validate(self.g, self.cluster, c.assignment):
+            self.plan = c
+
+
 class _Collect(cp_model.CpSolverSolutionCallback):
-    """Reads every solution, re-evaluates it and keeps the best acceptable one."""
+    """Hands every solution to ``accept``."""
 
     def __init__(self, accept):
         super().__init__()
@@ -66,6 +83,27 @@ class _Collect(cp_model.CpSolverSolutionCallback):
 
     def on_solution_callback(self) -> None:
         self.accept(self.Value)
+
+
+@dataclass
+class _Transfer:
+    """The transfer objective: every receive variable of the model (``recv``: ((tensor,
+    block), variable) pairs) weighted by its tensor's size in units (``coef``), as ``expr``."""
+
+    recv: list
+    coef: np.ndarray
+    expr: object
+
+
+def _transfer_objective(model) -> _Transfer:
+    """Received bytes in units of 2^j bytes (the coefficients stay below MAX_COEF)."""
+    recv = list(model.recv.items())
+    size = np.array([model.g.t_size[t] for (t, _), _ in recv], dtype=float)
+    unit = 2.0 ** max(0, math.ceil(math.log2(max(float(size.max(initial=1.0)), 1.0) / MAX_COEF)))
+    coef = np.maximum(1, np.round(size / unit)).astype(np.int64)
+    return _Transfer(
+        recv, coef, cp_model.LinearExpr.WeightedSum([v for _, v in recv], coef.tolist())
+    )
 
 
 def tie_break_budget(left: float, main_seconds: float, asked: float | None = None) -> float:
@@ -93,45 +131,20 @@ def tie_break(
     original graph and the stats to report (``summary`` is one line for people)."""
     t0 = time.perf_counter()
     first = candidate(g, cluster, coarse_a[labels])
-    best = [first]
-    m, S = model.m, model.S
-
-    def accept(value) -> None:
-        ca = model.read_values(value)
-        c = candidate(g, cluster, ca[labels])
-        ok = c.objective <= first.objective and c.better_than(best[0])
-        if ok and not validate(g, cluster, c.assignment):
-            best[0] = c
-
+    best = _Best(model, g, labels, cluster, first)
     # every plan whose real bottleneck is at most the first stage's has an integer cost at
-    # most floor(S * objective) (each term rounded down); a few above are filtered by accept
-    t_cap = max(int(model.block_costs_int(coarse_a).max()), math.floor(S * first.objective))
-    m.Add(t_cap >= model.T)
-    recv = list(model.recv.items())
-    size = np.array([model.g.t_size[t] for (t, _), _ in recv], dtype=float)
-    unit = 2.0 ** max(0, math.ceil(math.log2(max(float(size.max(initial=1.0)), 1.0) / MAX_COEF)))
-    coef = np.maximum(1, np.round(size / unit)).astype(np.int64)
-    transfer = cp_model.LinearExpr.WeightedSum([v for _, v in recv], coef.tolist())
+    # most floor(S * objective) (each term rounded down); a few above are filtered by _Best
+    t_cap = max(int(model.block_costs_int(coarse_a).max()), math.floor(model.S * first.objective))
+    model.m.Add(t_cap >= model.T)
+    transfer = _transfer_objective(model)
     stages = []
     for stage in ("transfer", "latency"):
         left = seconds - (time.perf_counter() - t0)
-        if left <= 0.01 or (stage == "transfer" and not recv):
+        if left <= 0.01 or (stage == "transfer" and not transfer.recv):
             continue
-        m.ClearObjective()
-        m.ClearHints()
-        if stage == "transfer":
-            m.Minimize(transfer)
-            limit = left * 2 / 3  # the latency stage gets the rest (more if this one proves)
-        else:
-            cap = _transfer_int(model, best[0].assignment, labels, coef, recv)
-            m.Add(transfer <= cap)
-            m.Minimize(sum(_block_sum(model, b) for b in range(model.k)))
-            limit = left
-        model.add_hint(_coarse(best[0].assignment, labels, model.g.n))
-        solver = new_solver(max(0.01, limit), params)
-        status = solver.Solve(m, _Collect(accept))
-        stages.append(f"{stage} {solver.StatusName(status)}")
-    final = best[0]
+        status_name = _run_stage(model, labels, stage, transfer, best, left, params)
+        stages.append(f"{stage} {status_name}")
+    final = best.plan
     # the tie-break never worsens the bottleneck: the evaluator says so, not the model
     assert final.objective <= first.objective, "tie-break raised the bottleneck"
     spent = time.perf_counter() - t0
@@ -147,6 +160,36 @@ def tie_break(
         "summary": _summary(first, final, stages, spent),
     }
     return final.assignment, stats
+
+
+def _run_stage(
+    model,
+    labels: np.ndarray,
+    stage: str,
+    transfer: _Transfer,
+    best: _Best,
+    left: float,
+    params: dict,
+) -> str:
+    """One stage on the model, hinted with the best plan so far: least transfer (2/3 of the
+    time ``left``: the latency stage gets the rest, more if this one proves), or, with the
+    transfer capped at the best plan's, least latency (the sum of the block costs). Returns
+    CP-SAT's status name."""
+    m = model.m
+    m.ClearObjective()
+    m.ClearHints()
+    if stage == "transfer":
+        m.Minimize(transfer.expr)
+        limit = left * 2 / 3
+    else:
+        cap = _transfer_int(model, best.plan.assignment, labels, transfer.coef, transfer.recv)
+        m.Add(transfer.expr <= cap)
+        m.Minimize(sum(_block_sum(model, b) for b in range(model.k)))
+        limit = left
+    model.add_hint(_coarse(best.plan.assignment, labels, model.g.n))
+    solver = new_solver(max(0.01, limit), params)
+    status = solver.Solve(m, _Collect(best.accept))
+    return solver.StatusName(status)
 
 
 def _summary(first: Candidate, final: Candidate, stages: list[str], seconds: float) -> str:
