@@ -421,81 +421,140 @@ def segments(planner: Planner) -> list[range]:
     return out
 
 
+@dataclass
+class _PlanCosts:
+    """One priced plan, per operator: its time (compute + communication) and weight bytes."""
+
+    strategies: dict[str, Strategy]
+    time: np.ndarray
+    weights: np.ndarray
+    peak: float  # its activation peak
+
+
+def _plan_costs(planner: Planner, strategies: dict[str, Strategy], program) -> _PlanCosts:
+    n = len(planner.sm.ops)
+    w = np.array([planner.weight_bytes(i, program.shardings[i]) for i in range(n)])
+    time_per_op = np.add(program.compute, program.comm)
+    return _PlanCosts(strategies, time_per_op, w, program.peak_activation_memory)
+
+
+@dataclass
+class _Move:
+    """Give segments ``start`` .. ``end - 1`` the choices of plan ``option``: ``saved`` (< 0)
+    the estimated change of time, ``ratio`` that per byte added."""
+
+    ratio: float
+    saved: float
+    start: int
+    end: int
+    option: int
+
+
+def _objective_of(plan) -> float:
+    _, program = plan
+    return program.objective
+
+
 def mix_segments(planner: Planner, plans: list, limit: float, deadline: float, start=None):
     """Greedy knapsack over segments: from the fastest plan within the limit, move a run of
     consecutive segments to the choices of another (faster, bigger) plan while the result
     still fits and is faster, best estimated time saved per byte added first (a run, not one
     segment, so that a single mismatch at its ends is paid); ``start`` = (strategies, program)
     starts from that plan instead. Returns the plan (a _Found) or None."""
-    sm = planner.sm
-    fitting = [(p.objective, s, p) for s, p in plans if p.memory_per_device <= limit]
+    fitting = [(s, p) for s, p in plans if p.memory_per_device <= limit]
     if not fitting:
         return None
-    cur_t, cur, prog = min(fitting, key=lambda x: x[0])
-    if start is not None:
-        cur, prog = start
-        cur_t = prog.objective
+    cur, prog = start if start is not None else min(fitting, key=_objective_of)
     segs = segments(planner)
     if len(segs) < 2:
         return None
+    mixer = _Mixer(planner, segs, [_plan_costs(planner, s, p) for s, p in plans])
+    return mixer.run(cur, prog, limit, deadline)
 
-    n, nseg = len(sm.ops), len(segs)
-    names = [op.name for op in sm.ops]
-    seg_of = np.empty(n, dtype=np.int64)
-    for j, seg in enumerate(segs):
-        seg_of[seg.start : seg.stop] = j
 
-    def per_op(program):
-        w = np.array([planner.weight_bytes(i, program.shardings[i]) for i in range(n)])
-        return np.add(program.compute, program.comm), w
+class _Mixer:
+    """The moves of :func:`mix_segments` over fixed segments and plans."""
 
-    options = [(*per_op(p), s) for s, p in plans]
-    upper = np.triu(np.ones((nseg + 1, nseg + 1), dtype=bool), k=1)  # intervals [j, k), j < k
-    single = np.eye(nseg + 1, k=1, dtype=bool)  # one segment: [j, j + 1)
-    runs = single  # single segments first; runs of several once those stop paying
-    while time.perf_counter() < deadline:
-        ct, cw = per_op(prog)
-        moves = []
-        for o, (t, w, s) in enumerate(options):
-            differs = np.array([s[x] != cur[x] for x in names], dtype=float)
-            dif = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, differs, nseg))])
-            c_t = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, t - ct, nseg))])
-            c_m = np.concatenate([[0.0], np.cumsum(np.bincount(seg_of, w - cw, nseg))])
+    def __init__(self, planner: Planner, segs: list[range], options: list[_PlanCosts]) -> None:
+        self.planner, self.segs, self.options = planner, segs, options
+        sm = planner.sm
+        self.names = [op.name for op in sm.ops]
+        self.nseg = nseg = len(segs)
+        self.seg_of = np.empty(len(sm.ops), dtype=np.int64)
+        for j, seg in enumerate(segs):
+            self.seg_of[seg.start : seg.stop] = j
+        self.upper = np.triu(np.ones((nseg + 1, nseg + 1), dtype=bool), k=1)  # [j, k), j < k
+        self.single = np.eye(nseg + 1, k=1, dtype=bool)  # one segment: [j, j + 1)
+
+    def run(self, cur: dict, prog, limit: float, deadline: float) -> _Found:
+        """Single segments first; runs of several once those stop paying."""
+        runs = self.single
+        while time.perf_counter() < deadline:
+            moved = self.first_move(
+                self.moves(cur, prog, runs), cur, prog.objective, limit, deadline
+            )
+            if moved is not None:
+                cur, prog = moved
+                runs = self.single
+            elif runs is self.single:
+                runs = self.upper
+            else:
+                break
+        return _Found(prog.objective, cur)
+
+    def prefix(self, per_op: np.ndarray) -> np.ndarray:
+        """Sums over the first j segments, j = 0 .. nseg."""
+        return np.concatenate([[0.0], np.cumsum(np.bincount(self.seg_of, per_op, self.nseg))])
+
+    def moves(self, cur: dict, prog, runs: np.ndarray) -> list[_Move]:
+        """Every run (of ``runs``) another plan makes faster, best ratio first."""
+        now = _plan_costs(self.planner, cur, prog)
+        out = []
+        for o, opt in enumerate(self.options):
+            differs = np.array([opt.strategies[x] != cur[x] for x in self.names], dtype=float)
+            dif = self.prefix(differs)
+            c_t = self.prefix(opt.time - now.time)
+            c_m = self.prefix(opt.weights - now.weights)
             dt = c_t[None, :] - c_t[:, None]
             dm = c_m[None, :] - c_m[:, None]
             ok = runs & (dt < 0) & (dif[None, :] - dif[:, None] > 0)
             for j, k in zip(*np.nonzero(ok), strict=True):
                 ratio = dt[j, k] / dm[j, k] if dm[j, k] > 0 else -math.inf
-                moves.append((ratio, dt[j, k], int(j), int(k), o))
-        moves.sort(key=lambda m: (m[0], m[1]))
-        found = False
-        seen = set()
-        for _, _, j, k, o in moves:
+                out.append(_Move(ratio, dt[j, k], int(j), int(k), o))
+        out.sort(key=lambda m: (m.ratio, m.saved))
+        return out
+
+    def first_move(self, moves: list[_Move], cur: dict, cur_t: float, limit, deadline):
+        """The first move whose plan fits and is faster: (strategies, program), or None."""
+        names, seen = self.names, set()
+        for m in moves:
             if time.perf_counter() > deadline:
                 break
-            s = options[o][2]
-            key = (j, k, tuple(s[names[v]] for v in range(segs[j].start, segs[k - 1].stop)))
+            s = self.options[m.option].strategies
+            span = range(self.segs[m.start].start, self.segs[m.end - 1].stop)
+            key = (m.start, m.end, tuple(s[names[v]] for v in span))
             if key in seen:  # the same run of choices from another plan
                 continue
             seen.add(key)
             trial = dict(cur)
-            for v in range(segs[j].start, segs[k - 1].stop):
+            for v in span:
                 trial[names[v]] = s[names[v]]
-            p = evaluate(planner, trial)
+            p = evaluate(self.planner, trial)
             if p.memory_per_device <= limit and p.objective < cur_t * (1 - 1e-12):
-                cur_t, cur, prog = p.objective, trial, p
-                found = True
-                break
-        if found:
-            runs = single
-        elif runs is single:
-            runs = upper
-        else:
-            break
-    return _Found(cur_t, cur)
+                return trial, p
+        return None
 
 
 KNAPSACK_BUCKETS = 4000  # resolution of the weight budget in knapsack_segments
+
+
+@dataclass
+class _SegmentChoice:
+    """One plan's choices on one segment: their time and weight bytes."""
+
+    time: float
+    weights: float
+    plan: int  # index into the plans
 
 
 def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 4):
@@ -507,65 +566,66 @@ def knapsack_segments(planner: Planner, plans: list, limit: float, tries: int = 
     segs = segments(planner)
     if len(segs) < 2:
         return None
-    n = len(sm.ops)
-    per = []
-    for s, p in plans:
-        t = np.add(p.compute, p.comm)
-        w = np.array([planner.weight_bytes(i, p.shardings[i]) for i in range(n)])
-        per.append((s, t, w, p.peak_activation_memory))
-    act = max(x[3] for x in per)
-    options = []  # per segment: (time, weight bytes, plan index), distinct assignments only
-    for seg in segs:
-        seen, opts = set(), []
-        for k, (s, t, w, _a) in enumerate(per):
-            key = tuple(s[sm.ops[v].name] for v in seg)
-            if key not in seen:
-                seen.add(key)
-                opts.append(
-                    (float(t[seg.start : seg.stop].sum()), float(w[seg.start : seg.stop].sum()), k)
-                )
-        options.append(opts)
-    budget = limit - act
-    best = None
+    per = [_plan_costs(planner, s, p) for s, p in plans]
+    options = [_segment_choices(sm, seg, per) for seg in segs]  # distinct assignments only
+    budget = limit - max(x.peak for x in per)
     for _ in range(tries):
         if budget <= 0:
             break
-        unit = budget / KNAPSACK_BUCKETS
-        cost = np.zeros(KNAPSACK_BUCKETS + 1)
-        picks = []
-        for opts in options:
-            new = np.full(KNAPSACK_BUCKETS + 1, math.inf)
-            arg = np.full(KNAPSACK_BUCKETS + 1, -1)
-            for o, (t, w, _k) in enumerate(opts):
-                c = math.ceil(w / unit - 1e-9)
-                if c > KNAPSACK_BUCKETS:
-                    continue
-                cand = np.full(KNAPSACK_BUCKETS + 1, math.inf)
-                cand[c:] = cost[: KNAPSACK_BUCKETS + 1 - c] + t
-                better = cand < new
-                new[better], arg[better] = cand[better], o
-            cost = new
-            picks.append(arg)
-        if not math.isfinite(cost[-1]):
-            return best
-        b, chosen = KNAPSACK_BUCKETS, []
-        for j in range(len(segs) - 1, -1, -1):
-            o = int(picks[j][b])
-            chosen.append(o)
-            b -= math.ceil(options[j][o][1] / unit - 1e-9)
-        chosen.reverse()
+        chosen = _pack(options, budget / KNAPSACK_BUCKETS)
+        if chosen is None:
+            return None
         trial = {}
         for seg, opts, o in zip(segs, options, chosen, strict=True):
-            s = per[opts[o][2]][0]
+            s = per[opts[o].plan].strategies
             for v in seg:
                 trial[sm.ops[v].name] = s[sm.ops[v].name]
         p = evaluate(planner, trial)
         if p.memory_per_device <= limit:
-            if best is None or p.objective < best.objective:
-                best = _Found(p.objective, trial)
-            return best
+            return _Found(p.objective, trial)
         budget -= p.memory_per_device - limit  # shrink by the excess and pack again
-    return best
+    return None
+
+
+def _segment_choices(sm, seg: range, per: list[_PlanCosts]) -> list[_SegmentChoice]:
+    seen, out = set(), []
+    for k, pc in enumerate(per):
+        key = tuple(pc.strategies[sm.ops[v].name] for v in seg)
+        if key not in seen:
+            seen.add(key)
+            t = float(pc.time[seg.start : seg.stop].sum())
+            out.append(_SegmentChoice(t, float(pc.weights[seg.start : seg.stop].sum()), k))
+    return out
+
+
+def _pack(options: list[list[_SegmentChoice]], unit: float) -> list[int] | None:
+    """The least-time choice per segment whose weights, rounded up to ``unit``, fit in
+    KNAPSACK_BUCKETS units (dynamic programming); None when none fits."""
+    cap = KNAPSACK_BUCKETS
+    cost = np.zeros(cap + 1)
+    picks = []
+    for opts in options:
+        new = np.full(cap + 1, math.inf)
+        arg = np.full(cap + 1, -1)
+        for o, choice in enumerate(opts):
+            c = math.ceil(choice.weights / unit - 1e-9)
+            if c > cap:
+                continue
+            cand = np.full(cap + 1, math.inf)
+            cand[c:] = cost[: cap + 1 - c] + choice.time
+            better = cand < new
+            new[better], arg[better] = cand[better], o
+        cost = new
+        picks.append(arg)
+    if not math.isfinite(cost[-1]):
+        return None
+    b, chosen = cap, []
+    for j in range(len(options) - 1, -1, -1):
+        o = int(picks[j][b])
+        chosen.append(o)
+        b -= math.ceil(options[j][o].weights / unit - 1e-9)
+    chosen.reverse()
+    return chosen
 
 
 LEAST_MEMORY_TRIES = 6  # steps whose least bytes are bounded in least_memory_plan
