@@ -15,6 +15,7 @@ from solver.pipeline.bounds import certified_lower_bound
 from solver.pipeline.bounds.spine import (
     heaviest_path,
     kept_nodes,
+    removed_scopes,
     spine_bound,
     spine_masks,
     spine_relaxation,
@@ -168,3 +169,15 @@ def test_certified_bounds_stay_below_the_optimum_with_the_spine_bound():
     g, c = _hand_encoder_decoder()
     report = certified_lower_bound(g, c, 5.0)  # the spine bound joins it once registered
     assert report.value <= brute_force(g, c).objective * (1 + TOL)
+
+
+def test_removed_scopes_name_the_work_the_relaxation_could_not_price():
+    names = ["enc/a", "enc/b", "dec/embed/p", "dec/d0", "dec/cross/k1", "dec/d1"]
+    g, _ = _hand_encoder_decoder()
+    g = Graph.build(
+        names, g.work, g.sizeout, list(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
+    )
+    cg, _ = coarse_view(g)
+    spans = spine_spans(cg, heaviest_path(cg))
+    sp = spine_relaxation(cg, kept_nodes(spans, np.ones(4, dtype=bool)))
+    assert removed_scopes(cg, sp) == ["dec/cross 5.6%", "dec/embed 5.6%"]

@@ -227,6 +227,23 @@ def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:
     return Spine(relaxed, kept, kept_work, sum(len(x) for x in detours.values()))
 
 
+def removed_scopes(g: Graph, spine: Spine, top: int = 3) -> list[str]:
+    """What the relaxation could not price, for the user: the ``top`` module scopes (node
+    names without their last part) whose removed nodes carry the most work, each with its
+    share of the total work, heaviest first (ties by name; e.g. "/inner/decoder/embed_tokens
+    4.9%")."""
+    removed = np.ones(g.n, dtype=bool)
+    removed[spine.kept] = False
+    work = np.asarray(g.work, dtype=float)
+    total = float(work.sum())
+    scopes: dict[str, float] = {}
+    for v in np.flatnonzero(removed).tolist():
+        scope = g.names[v].rsplit("/", 1)[0] or g.names[v]
+        scopes[scope] = scopes.get(scope, 0.0) + float(work[v])
+    ranked = sorted(scopes.items(), key=lambda x: (-x[1], x[0]))[:top]
+    return [f"{name} {100 * w / total:.1f}%" for name, w in ranked if total > 0 and w > 0]
+
+
 SPINE_REL_TOL = 1e-3  # the bisection's relative precision (a few probes; each is a DP)
 FIRST_SHARE = 0.6  # the time of the first relaxation (the one removing most: it sees most
 # separators); the others share the rest, and stop after one probe when they cannot help
