@@ -128,17 +128,35 @@ def test_megatron_layouts_of_uneven_splits():
     assert megatron_layout(st3, "p") == "E|t*4|L"
 
 
-def test_megatron_refuses_embedding_outside_the_first_stage():
-    units = ("wte", "wpe", "h.0", "h.1", "lm_head")
-    layout = ModuleLayout(units, (0, 1, 2, 3, 4), units[2:4], "h")
-    st = module_stages(layout, np.array([0, 1, 1, 1, 2]), "plan.json")
+def test_modules_the_layer_count_formats_move_are_listed():
+    units = ("wte", "wpe", "h.0", "h.1", "ln_f", "lm_head")
+    layout = ModuleLayout(units, (0, 1, 2, 3, 4, 5), units[2:4], "h")
+    st = module_stages(layout, np.array([0, 1, 1, 1, 1, 2]), "plan.json")
     assert framework_files("vllm", st, "p")["vllm_pp_layer_partition.txt"] == "0,2,0\n"
-    with pytest.raises(MtppError) as e:
-        megatron_layout(st, "plan.json")
-    assert str(e.value) == (
-        "plan.json: stage 1 holds wpe, but Megatron keeps the embedding in the first stage and "
-        "the head in the last"
+    text = framework_files("megatron", st, "plan.json")["megatron_layout.txt"].splitlines()
+    assert text[-1] == "E|t*2|L"
+    note = (
+        "Megatron places these where it keeps them, unlike the plan: wpe (the plan: stage 1), "
+        "ln_f (the plan: stage 1)"
     )
+    assert f"# {note}" in text
+    assert "vLLM places these where it keeps them" in framework_files("vllm", st, "p")["README.md"]
+
+
+def test_layer_count_formats_need_repeated_blocks():
+    layout = ModuleLayout(("a", "b"), (0, 1), (), "")
+    st = module_stages(layout, np.array([0, 1]), "plan.json")
+    with pytest.raises(MtppError) as e:
+        framework_files("megatron", st, "plan.json")
+    assert str(e.value) == (
+        "plan.json: the model has no repeated blocks (a module list of layers), and Megatron's "
+        "layout counts decoder layers; use --format torch"
+    )
+    with pytest.raises(MtppError, match="VLLM_PP_LAYER_PARTITION counts decoder layers"):
+        framework_files("vllm", st, "plan.json")
+    assert json.loads(framework_files("torch", st, "p")["torch_pipeline.json"])["split_spec"] == {
+        "b": "BEGINNING"
+    }
 
 
 def test_unknown_format_is_refused(stages_121):

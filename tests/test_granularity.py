@@ -44,7 +44,7 @@ def _node(op, ins, out, module, style, i):
     node = helper.make_node(op, ins, [out], name=f"node_{op}_{i}")
     parts = module.split(".") if module else []
     if style == "dynamo":
-        scopes = [""] + [".".join(parts[: j + 1]) for j in range(len(parts))]
+        scopes = ["", *(".".join(parts[: j + 1]) for j in range(len(parts))), f"{op.lower()}_{i}"]
         helper.set_metadata_props(node, {"pkg.torch.onnx.name_scopes": repr(scopes)})
     elif style == "namespace":
         chain = [f"{'.'.join(parts[: j + 1])}: Mod{j}" for j in range(len(parts))]
@@ -109,7 +109,9 @@ def test_dynamo_metadata_gives_module_paths():
     full = _node("MatMul", ["a", "b"], "c", "transformer.h.0.attn", "dynamo", 0)
     assert dynamo_module(full) == "transformer.h.0.attn"
     local = helper.make_node("Relu", ["a"], ["b"], name="n")
-    helper.set_metadata_props(local, {"pkg.torch.onnx.name_scopes": "['', 'h', '0', 'mlp']"})
+    helper.set_metadata_props(
+        local, {"pkg.torch.onnx.name_scopes": "['', 'h', '0', 'mlp', 'relu_3']"}
+    )
     assert dynamo_module(local) == "h.0.mlp"
     spaced = _node("Relu", ["a"], "b", "model.layers.2", "namespace", 7)
     assert dynamo_module(spaced) == "model.layers.2"

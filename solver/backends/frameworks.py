@@ -10,7 +10,8 @@ between modules (:mod:`solver.pipeline.granularity`):
 - ``megatron``: ``megatron_layout.txt``, whose last line is the
   ``--pipeline-model-parallel-layout`` string (``E`` embedding, ``t`` block, ``L`` head, ``|``
   between stages); ``--decoder-first/last-pipeline-num-layers`` where the middle stages are
-  uniform;
+  uniform; the modules around the blocks that the plan puts on another stage than Megatron
+  (and vLLM) keep them are listed;
 - ``deepspeed``: ``deepspeed_partition.json``, ``parts`` (the layer boundaries
   ``PipelineModule`` keeps in ``self.parts``) over ``layers`` (the modules in program order);
 - ``vllm``: ``vllm_pp_layer_partition.txt``, the ``VLLM_PP_LAYER_PARTITION`` value.
@@ -134,20 +135,40 @@ or `--parallelism.module_fqns_per_model_part` with the JSON of `torchtitan_pipel
 
 
 def megatron_layout(st: ModuleStages, where: str) -> str:
-    """The ``--pipeline-model-parallel-layout`` string: ``E`` (the modules before the blocks)
-    only in the first stage, ``L`` (the modules after them) only in the last."""
-    before, after = set(st.layout.before_blocks), set(st.layout.after_blocks)
-    for i, stage in enumerate(st.stages):
-        if (before & set(stage) and i > 0) or (after & set(stage) and i < len(st.stages) - 1):
-            raise MtppError(
-                f"{where}: stage {i} holds {', '.join(u for u in stage if u in before | after)}"
-                ", but Megatron keeps the embedding in the first stage and the head in the last"
-            )
+    """The ``--pipeline-model-parallel-layout`` string: ``E`` in the first stage, the blocks
+    as ``t``, ``L`` in the last stage (the modules around the blocks that the plan puts
+    elsewhere are listed by :func:`placed_by_framework`)."""
+    if not st.layout.blocks:
+        raise MtppError(
+            f"{where}: the model has no repeated blocks (a module list of layers), and "
+            "Megatron's layout counts decoder layers; use --format torch"
+        )
     parts = []
     for i, count in enumerate(st.block_counts):
         text = "t" if count == 1 else (f"t*{count}" if count else "")
         parts.append(("E" if i == 0 else "") + text + ("L" if i == len(st.stages) - 1 else ""))
     return "|".join(parts)
+
+
+def placed_by_framework(st: ModuleStages) -> list[str]:
+    """The modules before the blocks that the plan runs after the first stage, and those
+    after the blocks that it runs before the last: layer-count formats (Megatron, vLLM) keep
+    the embedding on the first stage and the head on the last, so these move."""
+    last = len(st.stages) - 1
+    before, after = set(st.layout.before_blocks), set(st.layout.after_blocks)
+    return [
+        f"{unit} (the plan: stage {i})"
+        for i, stage in enumerate(st.stages)
+        for unit in stage
+        if (unit in before and i > 0) or (unit in after and i < last)
+    ]
+
+
+def _moved_note(st: ModuleStages, where: str) -> str:
+    moved = placed_by_framework(st)
+    if not moved:
+        return ""
+    return f"{where} places these where it keeps them, unlike the plan: {', '.join(moved)}"
 
 
 def megatron_files(st: ModuleStages, where: str) -> dict[str, str]:
@@ -163,6 +184,8 @@ def megatron_files(st: ModuleStages, where: str) -> dict[str, str]:
             f"# the same split: --decoder-first-pipeline-num-layers {counts[0]} "
             f"--decoder-last-pipeline-num-layers {counts[-1]}"
         )
+    note = _moved_note(st, "Megatron")
+    lines += [f"# {note}"] if note else []
     lines.append(layout)
     readme = f"""# Megatron-LM: {len(st.stages)} pipeline stages
 
@@ -170,7 +193,7 @@ def megatron_files(st: ModuleStages, where: str) -> dict[str, str]:
 --pipeline-model-parallel-size {len(st.stages)} --pipeline-model-parallel-layout "{layout}"
 ```
 
-(`tail -1 megatron_layout.txt` is the layout string.)
+(`tail -1 megatron_layout.txt` is the layout string.) {note}
 """
     return {"megatron_layout.txt": "\n".join(lines) + "\n", README: readme}
 
@@ -204,7 +227,12 @@ model = PlannedPipelineModule(layers=layer_specs, num_stages={len(st.stages)})
     return {"deepspeed_partition.json": _json({"layers": layers, "parts": parts}), README: readme}
 
 
-def vllm_files(st: ModuleStages) -> dict[str, str]:
+def vllm_files(st: ModuleStages, where: str) -> dict[str, str]:
+    if not st.layout.blocks:
+        raise MtppError(
+            f"{where}: the model has no repeated blocks (a module list of layers), and "
+            "VLLM_PP_LAYER_PARTITION counts decoder layers; use --format torch"
+        )
     value = ",".join(str(c) for c in st.block_counts)
     readme = f"""# vLLM: {len(st.stages)} pipeline stages
 
@@ -213,6 +241,7 @@ VLLM_PP_LAYER_PARTITION={value} vllm serve MODEL --pipeline-parallel-size {len(s
 ```
 
 vLLM places the embedding on the first stage and the head on the last.
+{_moved_note(st, "vLLM")}
 """
     return {"vllm_pp_layer_partition.txt": value + "\n", README: readme}
 
@@ -228,7 +257,7 @@ def framework_files(fmt: str, st: ModuleStages, where: str) -> dict[str, str]:
     if fmt == "deepspeed":
         return deepspeed_files(st)
     if fmt == "vllm":
-        return vllm_files(st)
+        return vllm_files(st, where)
     raise MtppError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
 
 

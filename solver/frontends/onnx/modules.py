@@ -4,7 +4,8 @@ torch's exporters record where a node came from in two ways:
 
 - the dynamo exporter (``torch.onnx.export(..., dynamo=True)``) writes the module stack into
   the node's ``metadata_props``: ``pkg.torch.onnx.name_scopes`` (the repr of a list of the
-  module paths from the root, e.g. ``['', 'transformer', 'transformer.h.0', ...]``) and
+  module paths from the root, then the node's own name, e.g. ``['', 'transformer',
+  'transformer.h.0', 'transformer.h.0.attn', 'view_3']``, as torch 2.13 writes it) and
   ``namespace`` (``transformer: GPT2Model/transformer.h.0: GPT2Block/...``);
 - the legacy exporter (TorchScript) names the node by its scope:
   ``/transformer/h.0/attn/c_attn/MatMul`` is a MatMul in module ``transformer.h.0.attn.c_attn``.
@@ -84,8 +85,8 @@ def dynamo_module(node) -> str | None:
             parsed = ast.literal_eval(scopes)
         except (ValueError, SyntaxError):
             parsed = None
-        if isinstance(parsed, list) and all(isinstance(s, str) for s in parsed):
-            return _scoped_path(parsed)
+        if isinstance(parsed, list) and parsed and all(isinstance(s, str) for s in parsed):
+            return _scoped_path(parsed[:-1])  # the last scope names the node itself
     space = props.get(NAMESPACE_KEY)
     if space is None:
         return None
