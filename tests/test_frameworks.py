@@ -12,6 +12,7 @@ from onnx import save
 
 from solver.backends.frameworks import (
     FORMATS,
+    export_framework,
     framework_files,
     megatron_layout,
     module_stages,
@@ -19,7 +20,12 @@ from solver.backends.frameworks import (
 )
 from solver.core.errors import MtppError
 from solver.frontends.onnx.load import read_model
-from solver.frontends.onnx.modules import ModuleLayout, cost_node_modules, module_layout
+from solver.frontends.onnx.modules import (
+    ModuleLayout,
+    cost_node_modules,
+    module_layout,
+    read_layout,
+)
 from solver.frontends.onnx.reader import load_onnx
 from tests.test_granularity import layered_model
 
@@ -177,3 +183,17 @@ def test_write_framework_writes_the_folder_whole(tmp_path, stages_121, fmt):
     assert (out / "keep.txt").read_text() == "mine"
     write_framework(fmt, stages_121, out, "plan.json", force=True)
     assert not (out / "keep.txt").exists()
+
+
+def test_export_framework_from_the_model_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    save(layered_model("legacy"), str(path))
+    g = load_onnx(path)
+    layout = read_layout(path, g)
+    a = np.array([BLOCK_OF_UNIT[layout.unit_of(i)] for i in range(g.n)])
+    rep = export_framework("vllm", path, g, a, tmp_path / "out", tmp_path / "plan.json")
+    assert rep.files == ("vllm_pp_layer_partition.txt", "README.md")
+    assert (tmp_path / "out" / "vllm_pp_layer_partition.txt").read_text() == "1,2,1\n"
+    with pytest.raises(MtppError, match="--format 'onnx': choose one of torch"):
+        export_framework("onnx", path, g, a, tmp_path / "out2", tmp_path / "plan.json")
+    assert not (tmp_path / "out2").exists()

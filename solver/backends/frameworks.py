@@ -30,8 +30,9 @@ import numpy as np
 
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
+from solver.core.graph import Graph
 from solver.core.outdir import replace_dir, temp_dir_beside
-from solver.frontends.onnx.modules import ModuleLayout
+from solver.frontends.onnx.modules import ModuleLayout, read_layout
 
 FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "vllm")
 README = "README.md"
@@ -285,6 +286,24 @@ def write_framework(
     return FrameworkFiles(fmt, out_dir, tuple(files))
 
 
+def export_framework(
+    fmt: str,
+    model_path: str | Path,
+    g: Graph,
+    assignment: np.ndarray,
+    out_dir: str | Path,
+    plan_path: str | Path,
+    force: bool = False,
+) -> FrameworkFiles:
+    """``mtpp export MODEL PLAN --format FMT --out DIR``: the plan's stages as module runs of
+    the ONNX model it was made for, written in the framework's form."""
+    if fmt not in FORMATS:
+        raise MtppError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    check_output_dir(Path(out_dir), [model_path, plan_path], force=force, what="export")
+    stages = module_stages(read_layout(model_path, g), assignment, str(plan_path))
+    return write_framework(fmt, stages, out_dir, str(plan_path), [model_path, plan_path], force)
+
+
 def _json(data: object) -> str:
     return json.dumps(data, indent=1) + "\n"
 
@@ -292,6 +311,7 @@ def _json(data: object) -> str:
 __all__ = [
     "FORMATS",
     "FrameworkFiles",
+    "export_framework",
     "ModuleStages",
     "framework_files",
     "megatron_layout",

@@ -24,10 +24,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.frontends.onnx.common import node_names
+from solver.frontends.onnx.load import load_proto
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 NAMESPACE_KEY = "namespace"
@@ -122,6 +124,13 @@ def cost_node_modules(model, g: Graph) -> list[str | None]:
     return [per_node.get(name) for name in g.names]
 
 
+def read_layout(model_path: str | Path, g: Graph) -> ModuleLayout:
+    """The units of the cost graph ``g`` read from ``model_path`` (the ONNX file it was read
+    from; weights are not loaded); refuses a model without module names in one line."""
+    paths = cost_node_modules(load_proto(model_path), g)
+    return module_layout(paths, str(model_path))
+
+
 def _container(paths: Sequence[str]) -> str:
     """The module list whose numbered children are the repeated blocks: the one with the most
     distinct indices (at least 2), the outermost on ties; ``""`` when there is none."""
@@ -192,4 +201,5 @@ __all__ = [
     "legacy_module",
     "module_layout",
     "onnx_node_modules",
+    "read_layout",
 ]
