@@ -126,6 +126,8 @@ def test_megatron_layouts_of_uneven_splits():
     st = module_stages(_layout(), a, "plan.json")
     assert framework_files("vllm", st, "p")["vllm_pp_layer_partition.txt"] == "0,3,1\n"
     assert megatron_layout(st, "p") == "E|t*3|tL"
+    text = framework_files("megatron", st, "p")["megatron_layout.txt"]
+    assert "--decoder-first-pipeline-num-layers" not in text  # 0 layers on the first stage
     b = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
     st2 = module_stages(_layout(), b, "plan.json")
     assert megatron_layout(st2, "p") == "Et|t*3L"

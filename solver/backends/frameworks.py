@@ -180,7 +180,8 @@ def megatron_files(st: ModuleStages, where: str) -> dict[str, str]:
         f"# --pipeline-model-parallel-size {len(st.stages)}",
     ]
     middle = counts[1:-1]
-    if len(counts) >= 2 and len(set(middle)) <= 1:
+    # the first/last-stage flags take at least one layer each
+    if len(counts) >= 2 and len(set(middle)) <= 1 and min(counts[0], counts[-1]) >= 1:
         lines.append(
             f"# the same split: --decoder-first-pipeline-num-layers {counts[0]} "
             f"--decoder-last-pipeline-num-layers {counts[-1]}"
