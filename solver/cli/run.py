@@ -13,6 +13,7 @@ from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.text import esc
 from solver.frontends.onnx.reader import load_onnx
+from solver.pipeline.plan import JOINT_PLAN_REFUSED
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -42,10 +43,7 @@ def _checked_plan(args: argparse.Namespace) -> PipelineInputs:
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
     plan = command_plan(args, "run")
     if plan.kind == JOINT:
-        raise MtppError(
-            f"{plan.path}: a joint plan, and this command takes pipeline plans; check a joint "
-            "plan with mtpp evaluate, mtpp simulate or mtpp export --verify"
-        )
+        raise MtppError(f"{plan.path}: {JOINT_PLAN_REFUSED}")
     check_requests(args.requests)
     if args.seed < 0:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")

@@ -43,6 +43,11 @@ from solver.core.result import (  # noqa: F401  re-exported for the importers of
 
 PLAN_FORMAT = "mtpp-plan"
 PLAN_VERSION = 1
+# a command that takes pipeline plans only (mtpp run, read_plan_assignment), given a joint plan
+JOINT_PLAN_REFUSED = (
+    "a joint plan, and this command takes pipeline plans; check a joint plan with mtpp "
+    "evaluate, mtpp simulate or mtpp export --verify"
+)
 
 
 @dataclass
@@ -180,10 +185,7 @@ def read_plan_assignment(g: Graph, path: str | Path) -> tuple[np.ndarray, dict]:
     path = Path(path)
     data = read_json(path, "plan file")
     if isinstance(data, dict) and data.get("format") == "mtpp-joint-plan":
-        raise MtppError(
-            f"{path}: a joint plan, and this command takes pipeline plans; check a joint plan "
-            "with mtpp evaluate, mtpp simulate or mtpp export --verify"
-        )
+        raise MtppError(f"{path}: {JOINT_PLAN_REFUSED}")
     return plan_assignment_from_data(g, data, path)
 
 
