@@ -23,7 +23,7 @@ from solver.core.files import parse_json, read_text, read_yaml, shown
 from solver.core.graph import Graph
 from solver.core.units import format_bytes, format_rate, format_time
 from solver.frontends.sharding_points import parse_sharding
-from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, load_joint_plan
+from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, joint_plan_from_data
 from solver.joint.stages import check_stages
 from solver.pipeline.heuristics.manual import manual_assignment
 from solver.pipeline.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
@@ -273,7 +273,7 @@ def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
     """The joint plan read and checked against its model (one line for every mismatch), a
     ``--cluster``/``--devices`` given checked against the plan's cluster, ``--memory`` as its
     memory limit when given; and the model as the sharding package reads it."""
-    plan = load_joint_plan(plan_file.path)
+    plan = joint_plan_from_data(plan_file.data, plan_file.path)  # the file is read once
     if args.cluster is not None or args.devices is not None:
         given = (
             plan.cluster.with_devices(args.devices)

@@ -217,8 +217,12 @@ def load_joint_plan(path: str | Path, model=None) -> JointPlan:
     ONNX path or a ShardModel), every stage is priced again and a number that differs from
     the file's (a tampered plan) is refused with one line, as is a plan that does not cover
     the model's operators in order."""
-    where = str(path)
-    data = read_json(path, "joint plan")
+    return joint_plan_from_data(read_json(path, "joint plan"), str(path), model)
+
+
+def joint_plan_from_data(data: object, where: str, model=None) -> JointPlan:
+    """:func:`load_joint_plan` on the parsed content ``data`` of the plan file ``where``
+    (named in errors)."""
     if not isinstance(data, dict) or data.get("format") != JOINT_FORMAT:
         raise MtppError(f"{where}: not a joint plan (format {JOINT_FORMAT!r} expected)")
     if data.get("version") != JOINT_VERSION:
