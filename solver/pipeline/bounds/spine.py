@@ -5,9 +5,10 @@ Encoder-decoders, U-Nets and branchy graphs have few separators: the decoder's f
 self-attention runs beside the encoder, and every decoder layer's cross-attention key and value
 projections read the encoder's output beside the decoder layers before them. The chain bounds
 then see one long gap and price none of its io. Here a heaviest path P (by work) is the spine;
-a node that is a descendant of p_i and an ancestor of p_{i+1} for some i lies *beside* the spine
-and is kept, every other node off the spine *spans* it and is removed. In what is left every
-spine node is a separator.
+some of its positions are chosen to become separators (those spanned by the least work first,
+within a budget of removed work), and a node off the spine with a chosen position strictly
+between its last spine ancestor and its first spine descendant is removed. In what is left
+every chosen spine node is comparable with every node: a separator.
 
 The relaxed graph G' (proof in docs/bounds.md, "spine"):
 - the kept nodes with their work, act and the parameters of kept users;
@@ -305,7 +306,8 @@ def spine_bound(
     """The io chains of :mod:`solver.pipeline.bounds.chain_io` on each spine relaxation of
     ``g``'s coarse view (:func:`spine_masks`, the one removing most first; each a bound of its
     G', hence of G). ``floor``, a bound known already: a relaxation that cannot prove more is
-    left after one probe. The time is shared evenly; the best of each kind is kept."""
+    left after one probe. The first relaxation gets FIRST_SHARE of the time, the others share
+    the rest; the best of each kind is kept."""
     cg, _ = coarse_view(g)
     if cg.n > MAX_NODES or cg.n < 2:
         return SpineBound(0.0, 0.0, None)
