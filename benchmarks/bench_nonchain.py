@@ -55,6 +55,10 @@ MODELS = {
     # diffusers UNet2DConditionModel (export_hf's two-level block layout), width 64
     "unet": ["unet", "--layers", "2", "--hidden", "64", "--heads", "8", "--image", "16"]
     + ["--seq", "16"],
+    # Stable Diffusion 1.5's block layout (4 levels, 2 layers per block), width 64 (320 in
+    # the real model), latent 32 x 32, 77 text tokens
+    "unet-sd": ["unet-sd", "--layers", "2", "--hidden", "64", "--heads", "8", "--image", "32"]
+    + ["--seq", "77"],
 }
 
 

@@ -11,6 +11,7 @@ Needs torch and transformers (not dependencies of mtpp), and diffusers for the U
     python models/export_hf.py vit --layers 2 --hidden 64 --heads 2 --image 32 --patch 8
     python models/export_hf.py vit --layers 2 --hidden 64 --heads 2 --image 32 --patch 8 --int8
     python models/export_hf.py unet --layers 1 --hidden 32 --heads 8 --image 8 --seq 6
+    python models/export_hf.py unet-sd --layers 2 --hidden 64 --heads 8 --image 32 --seq 77
     python models/export_hf.py moe --layers 2 --hidden 32 --heads 2 --vocab 128 --seq 8
     python models/export_hf.py t5 --layers 6 --hidden 512 --heads 8 --seq 64   # T5-small-shaped
     python models/export_hf.py whisper --layers 12 --hidden 768 --heads 12 --image 64 --seq 32
@@ -43,7 +44,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("bert", "gpt2", "vit", "unet", "moe", "t5", "bart", "whisper")
+KINDS = ("bert", "gpt2", "vit", "unet", "unet-sd", "moe", "t5", "bart", "whisper")
 ENCODER_DECODERS = ("t5", "bart", "whisper")  # --layers encoder and decoder layers each
 
 
@@ -80,6 +81,7 @@ def build(kind: str, layers: int, hidden: int, heads: int, vocab: int | None, **
     sizes = Sizes(layers, hidden, heads, vocab, **more)
     builders = {"bert": _bert, "gpt2": _gpt2, "vit": _vit, "unet": _unet, "moe": _moe}
     builders.update(t5=_t5, bart=_bart, whisper=_whisper)
+    builders["unet-sd"] = _unet_sd
     if kind not in builders:
         raise ValueError(kind)
     model = builders[kind](sizes)
@@ -140,6 +142,25 @@ def _unet(s: Sizes):
         block_out_channels=(s.hidden, 2 * s.hidden),
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=s.hidden,
+        attention_head_dim=s.heads,
+        norm_num_groups=min(32, s.hidden // 4),
+    )
+
+
+def _unet_sd(s: Sizes):
+    """Stable Diffusion 1.5's block layout (three cross-attention levels and a plain one, down
+    and up, widths h, 2h, 4h, 4h), at the width ``--hidden`` instead of 320."""
+    import diffusers
+
+    return diffusers.UNet2DConditionModel(
+        sample_size=s.image,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=s.layers,
+        block_out_channels=(s.hidden, 2 * s.hidden, 4 * s.hidden, 4 * s.hidden),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
         cross_attention_dim=s.hidden,
         attention_head_dim=s.heads,
         norm_num_groups=min(32, s.hidden // 4),
@@ -299,7 +320,7 @@ def example(model, kind: str, seq: int, batch: int) -> Example:
         side = model.config.image_size
         pixels = torch.randn(batch, model.config.num_channels, side, side)
         return Example(_vision_wrapped(model), (pixels,), ["pixel_values"])
-    if kind == "unet":
+    if kind in ("unet", "unet-sd"):
         cfg = model.config
         latent = torch.randn(batch, cfg.in_channels, cfg.sample_size, cfg.sample_size)
         text = torch.randn(batch, seq, cfg.cross_attention_dim)
@@ -380,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        if args.kind == "unet":
+        if args.kind in ("unet", "unet-sd"):
             import diffusers  # noqa: F401
     except ImportError:
         print(
