@@ -1,4 +1,5 @@
-"""mtpp export: the sharded ONNX model of a plan, optionally verified."""
+"""mtpp export: the sharded ONNX model of a plan, optionally verified; or, with ``--format``,
+the stages of a layer-granular plan in a PyTorch framework's form."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from solver.backends.export import export_plan
 from solver.backends.export_joint import export_joint
+from solver.backends.frameworks import export_framework
 from solver.cli.common import console, fmt, input_paths, parse_dims, print_json
 from solver.cli.plan_files import (
     JOINT,
@@ -33,6 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     # a joint plan may come alone: it names its model
     plan = command_plan(args, "export", "name the plan: mtpp export MODEL.onnx PLAN --out DIR")
+    if args.format != ONNX:
+        return cmd_export_framework(args, plan)
     if plan.kind == JOINT:
         return cmd_export_joint(args, plan)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
@@ -118,6 +122,44 @@ def check_verify_options(args: argparse.Namespace) -> None:
         raise MtppError(f"--seed must be >= 0, got {args.seed}")
     if args.verify_memory_ok and not args.verify:
         raise MtppError("--verify-memory-ok only applies with --verify; add --verify or drop it")
+
+
+# ---------------------------------------------------------------------- framework forms
+ONNX = "onnx"  # --format of the stage models; the others are solver.backends.frameworks.FORMATS
+# options of the ONNX export's check, refused with a framework format (given a non-default value)
+VERIFY_OPTIONS = {"--verify": False, "--verify-memory-ok": False, "--tolerance": None, "--seed": 0}
+
+
+def cmd_export_framework(args: argparse.Namespace, plan_file) -> int:
+    """``--format torch|torchtitan|megatron|deepspeed|vllm``: the stages of a plan that cuts
+    only between modules, as that framework takes them, with a README.md showing the call."""
+    check_framework_request(args, plan_file)
+    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
+    p = load_pipeline_plan(args, plan_file)
+    rep = export_framework(
+        args.format, args.graph, p.graph, p.assignment, args.out, args.plan, args.force
+    )
+    if args.json:
+        print_json({"format": rep.format, "out": str(rep.out_dir), "files": list(rep.files)})
+    else:
+        console().print(f"wrote {esc(str(rep.out_dir))}: {', '.join(rep.files)}")
+    return 0
+
+
+def check_framework_request(args: argparse.Namespace, plan_file) -> None:
+    """Refuse what a framework form cannot take: a joint plan, and the ONNX export's check."""
+    if plan_file.kind == JOINT:
+        raise MtppError(
+            f"{plan_file.path}: --format {args.format} takes a pipeline plan that cuts only "
+            "between modules (mtpp solve MODEL --granularity layer --out PLAN), not a joint "
+            "plan; export a joint plan with --format onnx"
+        )
+    for option, default in VERIFY_OPTIONS.items():
+        if getattr(args, option.lstrip("-").replace("-", "_")) != default:
+            raise MtppError(
+                f"{option} applies to --format onnx (it runs the stage models), not --format "
+                f"{args.format}; drop {option}"
+            )
 
 
 # ---------------------------------------------------------------------- joint plans

@@ -10,6 +10,10 @@ import textwrap
 from solver.core.cluster import MAX_DEVICES
 from solver.pipeline.options import METHOD_OPTIONS
 
+# mtpp export --format: the framework forms of solver.backends.frameworks.FORMATS, named here so
+# that --help does not import the back end (tests/test_cli_frameworks.py checks they agree)
+FRAMEWORK_FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "vllm")
+
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs keep their line breaks (examples stay as written), and a long
@@ -136,6 +140,7 @@ def add_solve_parser(sub) -> None:
         epilog="examples:\n  mtpp solve graph.json --method cpsat --time-limit 30 --out plan.json\n"
         "  mtpp solve model.onnx --devices 4 --method slicegraph --json\n"
         "  mtpp solve model.onnx --method joint --cluster dgx-a100-x2 --memory 40GB --out j.json\n"
+        "  mtpp solve gpt2.onnx --devices 4 --granularity layer --out layer_plan.json\n"
         "\n--method joint: pipeline stages, each on a sub-mesh of the cluster (inside one host, or "
         "whole hosts) sharding its operators; stage cost = its sharded program + transfers over "
         "the real links. Reports the slowest stage, a lower bound valid over the searched space "
@@ -153,6 +158,16 @@ def add_solve_parser(sub) -> None:
         help=f"solver: {methods} (default cpsat); or joint: pipeline stages on "
         "sub-meshes of the cluster, each sharding its operators (ONNX models only; "
         "--set space=joint|pipeline|sharding restricts the plans; docs/joint.md)",
+    )
+    p.add_argument(
+        "--granularity",
+        choices=["operator", "layer"],
+        default="operator",
+        help="operator: cut anywhere (default); layer: cut only between modules (the repeated "
+        "blocks and the modules around them, read from the names torch's exporters record in "
+        "an ONNX model), so that mtpp export --format "
+        f"{'|'.join(FRAMEWORK_FORMATS)} can write the plan; the plan states what the "
+        "restriction costs against the operator-level optimum (docs/frameworks.md)",
     )
     p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
     _add_search_options(p)
@@ -293,7 +308,8 @@ def add_export_parser(sub) -> None:
         "estimate). The folder appears whole or not at all. An existing "
         "empty folder is filled; a non-empty one is replaced only with --force.",
         epilog="examples:\n  mtpp export model.onnx plan.json --out sharded/ --verify\n"
-        "  mtpp export model.onnx --plan joint.json --out stages/ --verify\n\n"
+        "  mtpp export model.onnx --plan joint.json --out stages/ --verify\n"
+        "  mtpp export gpt2.onnx layer_plan.json --format torch --out pipeline/\n\n"
         "A joint plan (mtpp solve --method joint) is written as one folder per stage, "
         "stage_{s}/ with annotated.onnx (the stage's sub-model, strategies in metadata_props), "
         "strategies.yaml and plan.json (its sharded program, as mtpp shard --out writes them), "
@@ -319,6 +335,18 @@ def add_export_parser(sub) -> None:
     )
     p.add_argument(
         "--plan", dest="plan_option", metavar="PLAN", help="the plan, as an option instead"
+    )
+    p.add_argument(
+        "--format",
+        choices=["onnx", *FRAMEWORK_FORMATS],
+        default="onnx",
+        help="onnx: the stage models above (default); torch: torch_pipeline.json (split_spec, "
+        "stages); torchtitan: torchtitan_pipeline.json (module_fqns_per_model_part); megatron: "
+        "megatron_layout.txt (last line: the --pipeline-model-parallel-layout string); "
+        "deepspeed: deepspeed_partition.json (PipelineModule parts); vllm: "
+        "vllm_pp_layer_partition.txt (VLLM_PP_LAYER_PARTITION); each with a README.md showing "
+        "the call. The framework forms need a plan that cuts only between modules (mtpp solve "
+        "--granularity layer) and take no --verify (docs/frameworks.md)",
     )
     _add_output_options(p)
     _add_verify_options(p)

@@ -26,8 +26,10 @@ from solver.core.errors import MtppError
 from solver.core.files import check_output_file
 from solver.core.text import CONTROL_CHARS, esc
 from solver.core.units import format_bytes
+from solver.frontends.onnx.modules import read_layout
 from solver.joint.plan import JointPlan, save_joint_plan
 from solver.pipeline import registry
+from solver.pipeline.granularity import GRANULARITY_KEY, solve_layer_granular
 from solver.pipeline.heuristics.poprt import format_sharding
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL, Plan, save_plan
@@ -153,6 +155,7 @@ def parse_set(items: list[str]) -> dict:
 def cmd_solve(args: argparse.Namespace) -> int:
     """Plan the graph with a pipeline method or ``--method joint`` (solver.api.solve), write
     the plan (--out) and show it."""
+    check_granularity(args)
     opts = solve_options(args)
     problem = api.Problem(
         graph_path=args.graph, cluster=args.cluster, devices=args.devices, work=args.work
@@ -198,15 +201,40 @@ def solve_options(args: argparse.Namespace) -> SolveOptions:
     )
 
 
+LAYER = "layer"  # --granularity layer: cut only between modules
+
+
+def check_granularity(args: argparse.Namespace) -> None:
+    """Refuse, before anything is read, ``--granularity layer`` where there are no modules to
+    cut between or the plan is not a pipeline method's search."""
+    if args.granularity != LAYER:
+        return
+    if args.method == api.JOINT:
+        raise MtppError("--granularity layer applies to pipeline methods, not --method joint")
+    if args.method == "manual":
+        raise MtppError(
+            "--granularity layer does not apply to --method manual (its sharding points fix "
+            "the cuts); drop --granularity"
+        )
+    if Path(args.graph).suffix.lower() != ".onnx":
+        raise MtppError(
+            f"{args.graph}: --granularity layer needs an ONNX model exported from torch (its "
+            "nodes name their modules); a JSON graph has no module information"
+        )
+
+
 def _solve_pipeline(args: argparse.Namespace, opts: SolveOptions) -> Plan:
     """A pipeline method on the graph and cluster of the command line (progress shown for the
-    methods that report it)."""
+    methods that report it); with ``--granularity layer`` cutting only between modules."""
     g, cluster = load_graph_and_cluster(args)
+    layout = read_layout(args.graph, g) if args.granularity == LAYER else None
     reporting = args.method in registry.PROGRESS_METHODS and not args.quiet
     with SolveProgress(reporting, f"{args.method} {g.name}") as progress:
-        plan = api.solve(
-            api.Problem(graph=g, cluster=cluster), args.method, replace(opts, reporter=progress)
-        )
+        opts = replace(opts, reporter=progress)
+        if layout is not None:
+            plan = solve_layer_granular(g, layout, cluster, args.method, opts)
+        else:
+            plan = api.solve(api.Problem(graph=g, cluster=cluster), args.method, opts)
     if plan is None:
         raise MtppError(infeasible_message(g, cluster))
     return plan
@@ -233,8 +261,23 @@ def solve_record(plan: Plan | JointPlan, plan_file: str | None) -> dict:
 def print_pipeline_plan(plan: Plan) -> None:
     """A pipeline plan as mtpp solve shows it (poprt: also its sharding points)."""
     print_plan(plan)
+    granularity = plan.stats.get(GRANULARITY_KEY)
+    if isinstance(granularity, dict):
+        console().print(esc(restriction_line(granularity)))
     if plan.method == "poprt":
         console().print(esc(format_sharding(plan.stats.get("sharding_nodes", {}))))
+
+
+def restriction_line(granularity: dict) -> str:
+    """What cutting only between modules costs, from a plan's ``stats["granularity"]``."""
+    c = granularity["restriction_cost"]
+    return (
+        f"layer-granular: {len(granularity['units'])} modules, cuts only between them; the "
+        "status and bound above are over such plans. Operator-level: objective "
+        f"{fmt(c['operator_objective'])} s ({c['operator_status']}), bound "
+        f"{fmt(c['operator_lower_bound'])} s; the restriction costs between "
+        f"{fmt(c['at_least'])} s and {fmt(c['at_most'])} s"
+    )
 
 
 def infeasible_message(g, cluster) -> str:
