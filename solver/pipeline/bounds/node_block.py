@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
-from networkx.algorithms.flow import boykov_kolmogorov
 
 from solver.core.cluster import Cluster
 from solver.core.cost import overflow, own_param_bytes
 from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
+
+if TYPE_CHECKING:  # networkx itself is imported where a network is built (heavy: 0.8 s)
+    import networkx as nx
 
 # a max-flow in floating point may overshoot the exact cut by rounding: the value reported is
 # shrunk by this relative slack so the bound never exceeds the optimum through rounding
@@ -49,7 +51,7 @@ class NodeBlockBound:
 class CutNetwork:
     """The flow network of one graph: node w is vertex w, ``sink`` is the sink."""
 
-    net: nx.DiGraph
+    net: nx.DiGraph  # networkx is imported where the network is built (heavy: 0.8 s)
     sink: int
     work: np.ndarray  # work(w) of every node (its sink edge)
     singleton: np.ndarray  # work + io of the set {w}: an upper bound of m(w)
@@ -57,6 +59,8 @@ class CutNetwork:
 
 def cut_network(g: Graph, cluster: Cluster) -> CutNetwork:
     """The network whose minimum v-sink cut is m(v) (on ``g`` as given)."""
+    import networkx as nx  # heavy (0.8 s): only when this bound runs
+
     n, B = g.n, cluster.link_bandwidth
     sink = n
     net = nx.DiGraph()
@@ -98,6 +102,9 @@ def min_block_cost(cn: CutNetwork, v: int) -> float:
     """m(v): the least work + io of a node set containing v (the minimum v-sink cut)."""
     if cn.singleton[v] <= cn.work[v]:
         return float(cn.work[v])  # v exchanges nothing: {v} itself is the cheapest set
+    import networkx as nx  # heavy (0.8 s): only when this bound runs
+    from networkx.algorithms.flow import boykov_kolmogorov
+
     return float(nx.minimum_cut_value(cn.net, v, cn.sink, flow_func=boykov_kolmogorov))
 
 
