@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from solver.core.errors import MtppError, first_line
 
@@ -138,7 +139,6 @@ def parse_json(text: str, path: str | Path) -> object:
 # ---------------------------------------------------------------------- YAML
 def _yaml_loader():
     """A SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
-    import yaml
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -188,8 +188,6 @@ def _check_expansion(data: object, where: Path) -> None:
 
 def read_yaml(path: str | Path, what: str = "file") -> object:
     """Parse a YAML file safely: no duplicate keys, no alias bombs, no deep nesting crash."""
-    import yaml
-
     text = read_text(path, what)
     try:
         data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass

@@ -21,6 +21,7 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds import certified_lower_bound, topology
 from solver.pipeline.options import (
     Incumbent,
     SolveOptions,
@@ -174,9 +175,6 @@ def certified_bound(g: Graph, cluster: Cluster, time_limit: float, target: float
     ``cluster.relaxation()``, the universal bound, and the group-labelled chains that pay the
     slow link between groups), each valid for every plan on every placement.
     """
-    # heavy: networkx (bounds.node_block imports it at module level; `mtpp --help` needs no bound)
-    from solver.pipeline.bounds import certified_lower_bound, topology
-
     if cluster.homogeneous:
         return certified_lower_bound(g, cluster, time_limit=time_limit, target=target)
     return topology.topology_bound(g, cluster, time_limit)
