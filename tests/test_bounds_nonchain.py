@@ -168,7 +168,7 @@ def test_spine_bound_exact_value_on_a_hand_built_encoder_decoder():
 
 def test_certified_bounds_stay_below_the_optimum_with_the_spine_bound():
     g, c = _hand_encoder_decoder()
-    report = certified_lower_bound(g, c, 5.0)  # the spine bound joins it once registered
+    report = certified_lower_bound(g, c, 5.0)
     assert report.value <= brute_force(g, c).objective * (1 + TOL)
 
 
@@ -195,3 +195,13 @@ def test_spine_bound_is_below_the_known_optima(key):
         # the other certified bounds leave 7.5% and 21.5% there; the spine bound, 0.1% (its
         # relaxation's own optimum may be lower than the optimum, its bisection stops at 0.1%)
         assert res.work_io_chain >= optimum * (1 - 2e-3)
+
+
+def test_certified_bound_names_the_spine_where_it_binds():
+    g, c = _hand_encoder_decoder()
+    report = certified_lower_bound(g, c, 5.0)
+    assert report.binding == "spine work io chain"
+    assert report.value == pytest.approx(9.0, rel=2e-3) and report.value <= 9.0
+    met = certified_lower_bound(g, c, 5.0, target=9.0)  # the optimum: met, the rest skipped
+    assert met.binding == "spine work io chain" and met.value == pytest.approx(9.0, rel=1e-6)
+    assert met.skipped["decision"].startswith("not needed")

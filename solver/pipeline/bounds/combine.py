@@ -16,6 +16,7 @@ from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
+from solver.pipeline.bounds.spine import spine_bound
 from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
 from solver.pipeline.dp.chain_ideals import ideal_chain
 
@@ -26,6 +27,8 @@ IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with 
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
 NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
 NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
+SPINE_SHARE = 0.4  # the spine relaxations' share of the time limit ...
+SPINE_MIN_SECONDS = 1.0  # ... and their least time (a few probes of the io chain program)
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
 IDEALS_MIN_SECONDS = 3.0  # ... when the bounds have at least this long (else it goes last);
 # the graphs it runs on: IDEALS_MIN_NODES in solver.pipeline.dp.chain_ideals
@@ -112,6 +115,8 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
     "work io chain",
     "node block",
     "ideals",
+    "spine chain io",
+    "spine work io chain",
     "weights",
     "decision",
     "work packing",
@@ -158,6 +163,7 @@ def certified_lower_bound(
         lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
         lambda: not early_io and _io_chains(run, g, it, cluster, k),
         lambda: not early_io and _node_block(run, g, cluster),
+        lambda: _spine(run, g, cluster, k),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
     ):
@@ -229,6 +235,23 @@ def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
         run.packing("node block", res.value)
     else:
         run.vals["node block"] = res.value
+
+
+def _spine(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
+    """The io chains on the spine relaxations (docs/bounds.md, "spine"): the nodes that keep
+    the graph from being a chain removed, the tensors they carried kept. Each starts from the
+    best bound so far; with an incumbent a value that proves nothing more is listed in
+    ``skipped``, without one each is its own bound."""
+    seconds = max(min(run.left() / 2, SPINE_SHARE * run.time_limit), SPINE_MIN_SECONDS)
+    res = spine_bound(g, cluster, k, seconds, run.target, run.best)
+    for name, value in (
+        ("spine chain io", res.chain_io),
+        ("spine work io chain", res.work_io_chain),
+    ):
+        if run.target is not None:
+            run.packing(name, value)
+        else:
+            run.vals[name] = value
 
 
 def _packings(run: _BoundRun, it, cluster: Cluster, k: int) -> None:
