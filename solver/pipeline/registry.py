@@ -22,6 +22,9 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.bounds import certified_lower_bound, topology
+from solver.pipeline.bounds.combine import BoundReport
+from solver.pipeline.dp.chain_ideals import ChainResult
+from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first, skips_search
 from solver.pipeline.options import (
     Incumbent,
     SolveOptions,
@@ -134,10 +137,19 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
 
 
 def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, budget: float):
-    """cpsat: the warm start, the bounds (they stop once one meets it), then the method with
-    both; it solves this very problem (k blocks as good as every device), so the certified
-    bound holds for it, and it stops as soon as its plan meets it."""
-    inc = warm_incumbent(g, cluster, k, WARM_START_SHARE * opts.time_limit)
+    """cpsat: the DP over ideals first where it applies (graphs with data edges that are not
+    order edges, such as training graphs: when it proves its plan, nothing else runs), the warm
+    start, the bounds (they stop once one meets it), then the method with both; it solves this
+    very problem (k blocks as good as every device), so the certified bound holds for it, and
+    it stops as soon as its plan meets it."""
+    t0 = time.perf_counter()
+    first = ideals_first(g, cluster.with_devices(k), FIRST_SHARE * opts.time_limit)
+    if skips_search(first):  # the DP over ideals proved its plan: no warm start, bounds, search
+        plan = run_method(fn, g, cluster, k, opts, "cpsat")  # run_cpsat reads the cached proof
+        return None if plan is None else certify(g, cluster, plan, ideals_report(first, t0))
+    inc = better_incumbent(
+        warm_incumbent(g, cluster, k, WARM_START_SHARE * opts.time_limit), first, g, t0
+    )
     rep = certified_bound(g, cluster, budget, None if inc is None else inc.objective)
     # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
@@ -153,6 +165,28 @@ def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, bud
     if plan is not None and inc is not None:
         plan.wall_seconds += inc.seconds
     return None if plan is None else certify(g, cluster, plan, rep)
+
+
+def ideals_report(first: ChainResult, t0: float) -> BoundReport:
+    """The certified report of a plan the DP over ideals proved (its bound meets the plan, so
+    the relaxations are not computed); its seconds are the first attempt's."""
+    return BoundReport(
+        value=first.lower,
+        binding="ideals",
+        bounds={"ideals": first.lower},
+        seconds=time.perf_counter() - t0,
+        skipped={"relaxations": "the DP over ideals proved the plan optimal"},
+    )
+
+
+def better_incumbent(
+    inc: Incumbent | None, first: ChainResult | None, g: Graph, t0: float
+) -> Incumbent | None:
+    """The warm start, or the first attempt's plan when the DP found a better one."""
+    value, assignment = hint_of(first, g)
+    if assignment is not None and (inc is None or value < inc.objective):
+        return Incumbent(value, assignment, time.perf_counter() - t0)
+    return inc
 
 
 def warm_incumbent(g: Graph, cluster: Cluster, k: int, seconds: float) -> Incumbent | None:
