@@ -15,7 +15,7 @@ from solver.cli import main
 from solver.cli.parsers import FRAMEWORK_FORMATS
 from solver.pipeline.plan import OPTIMAL
 from tests.badinput import assert_refused
-from tests.test_granularity import UNITS, layered_model
+from tests.pipeline.test_granularity import UNITS, layered_model
 
 # links fast enough that splitting the 4-layer model pays off (cf. FAST_LINKS there)
 FAST_CLUSTER = """name: fast
@@ -26,7 +26,8 @@ memory_bandwidth: 47.5TB/s
 link_bandwidth: 10TB/s
 slow_memory_bandwidth: 20GB/s
 """
-# embed + layers.0 | layers.1 + layers.2 | layers.3 + head, as tests/test_frameworks.py splits it
+# embed + layers.0 | layers.1 + layers.2 | layers.3 + head (the split of
+# tests/backends/test_frameworks.py)
 BLOCK_OF_UNIT = {"embed": 0, "layers.0": 0, "layers.1": 1, "layers.2": 1, "layers.3": 2, "head": 2}
 STAGES_121 = [["embed", "layers.0"], ["layers.1", "layers.2"], ["layers.3", "head"]]
 EXPECTED = {
