@@ -24,8 +24,7 @@ from solver.pipeline.bounds.spine import (
 )
 from solver.pipeline.dp.separators import separators
 from solver.pipeline.exact.brute import all_assignments, batch_costs, brute_force
-
-from .conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
+from tests.conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
 TOL = 1e-9
 
