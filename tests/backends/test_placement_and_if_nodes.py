@@ -210,7 +210,7 @@ def test_fp16_verify_uses_the_half_precision_tolerance():
     from solver.spmd.program import Planner, evaluate
     from solver.spmd.propagate import propagate
 
-    from .test_sharding import CLUSTER
+    from tests.spmd.test_rules_program import CLUSTER
 
     sm = from_proto(fp16_matmul(), {})
     pl = Planner(sm, Mesh((8,), (1e9,), (0.0,)), CLUSTER)
