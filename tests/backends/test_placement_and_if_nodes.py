@@ -209,7 +209,6 @@ def test_fp16_verify_uses_the_half_precision_tolerance():
     from solver.spmd.mesh import Mesh
     from solver.spmd.program import Planner, evaluate
     from solver.spmd.propagate import propagate
-
     from tests.spmd.test_rules_program import CLUSTER
 
     sm = from_proto(fp16_matmul(), {})

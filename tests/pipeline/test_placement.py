@@ -317,7 +317,6 @@ def test_cli_solve_writes_the_placement_on_two_servers_and_none_on_one(tmp_path,
     from solver.cli import main
     from solver.core.cluster import load_cluster
     from solver.frontends import load_graph
-
     from tests.conftest import ROOT
 
     tiny = str(ROOT / "examples" / "tiny_transformer.json")
