@@ -10,7 +10,6 @@ import re
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from solver.api import METHOD_NAMES, Problem, check_request, load, solve
 from solver.core.cluster import Cluster, load_cluster
@@ -23,6 +22,7 @@ from solver.joint import plan_joint
 from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.registry import METHODS
+from tests.joint.test_planner import tiny_model
 
 
 def random_graph(seed: int, n: int = 7) -> Graph:
@@ -37,32 +37,6 @@ def random_graph(seed: int, n: int = 7) -> Graph:
         params=[("p", float(rng.random() * 3), [0, n - 1])],
         name="random",
     )
-
-
-def tiny_model(seed: int = 1) -> onnx.ModelProto:
-    """mm1 -> relu -> mm2 -> add(mm2, mm1) -> mm3, random weights."""
-    rng = np.random.default_rng(seed)
-
-    def w(name, shape):
-        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
-        helper.make_node("Relu", ["h1"], ["h2"], name="relu"),
-        helper.make_node("MatMul", ["h2", "w2"], ["h3"], name="mm2"),
-        helper.make_node("Add", ["h3", "h1"], ["h4"], name="add"),
-        helper.make_node("MatMul", ["h4", "w3"], ["y"], name="mm3"),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        initializer=[w("w1", [8, 16]), w("w2", [16, 16]), w("w3", [16, 16])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
 
 
 class Recorder:
