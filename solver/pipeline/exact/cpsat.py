@@ -149,8 +149,12 @@ class _Model:
         self._add_objective()
         self._add_cuts()
         self._add_symmetry()
-        self.m.Minimize(self.T)
+        self._minimize()
         self.resolution = self._rounding_error() / self.S
+
+    def _minimize(self) -> None:
+        """The objective: the bottleneck T."""
+        self.m.Minimize(self.T)
 
     def _rounding_error(self) -> int:
         """Integer units by which rounding down can make a block's modelled cost lower than S
@@ -242,24 +246,30 @@ class _Model:
         """Blocks each node can take in a plan no worse than ``upper`` (see :meth:`_masses`):
         the hint's integer cost U bounds what the blocks before and after every node hold;
         order edges then propagate lo and hi."""
-        g, k, n = self.g, self.k, self.g.n
+        g = self.g
         self.ub_int = self.hint_int = None
-        lo = np.zeros(n, dtype=np.int64)
-        hi = np.full(n, k - 1, dtype=np.int64)
         if upper is not None:
             # every plan as good as the hint in real numbers has an integer cost at most
             # floor(S * its cost): keep them all (the tie-break picks among them)
             if self.placed:  # the hint's real cost on its placement, given by the caller
                 real = float(self.upper_cost) * (1 + 1e-12)
-                self.ub_int = ub_int = math.floor(self.S * real)
+                self.ub_int = math.floor(self.S * real)
             else:
                 real = evaluate(g, self.cluster, upper).objective * (1 + 1e-12)
                 self.hint_int = int(self.block_costs_int(upper).max())
-                self.ub_int = ub_int = max(self.hint_int, math.floor(self.S * real))
-            if ub_int > 0 and n <= CLOSURE_MAX_NODES:
-                need_before, need_after = self._blocks_needed(ub_int)
-                lo = np.maximum(0, need_before - 1)
-                hi = np.minimum(k - 1, k - need_after)
+                self.ub_int = max(self.hint_int, math.floor(self.S * real))
+        self._set_windows(self.ub_int)
+
+    def _set_windows(self, block_cap: int | None) -> None:
+        """lo[v]..hi[v], the blocks node v can take when no block's integer cost exceeds
+        ``block_cap`` (None: no cap), then along the order edges."""
+        g, k, n = self.g, self.k, self.g.n
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.full(n, k - 1, dtype=np.int64)
+        if block_cap is not None and block_cap > 0 and n <= CLOSURE_MAX_NODES:
+            need_before, need_after = self._blocks_needed(block_cap)
+            lo = np.maximum(0, need_before - 1)
+            hi = np.minimum(k - 1, k - need_after)
         self._tick()
         # an order edge (u, v) needs block(u) <= block(v): propagate the bounds along edges
         ptr, idx = g.pred
@@ -311,7 +321,7 @@ class _Model:
         No plan of cost <= ub is cut off, so the narrowed model keeps the proven bound valid.
         """
         first, last, mf = self.mass_first, self.mass_last, self.mf
-        w = self.w_int
+        w = self._cut_work()
         anc, desc = _closure_sums(self.g, [w, first], [w, last])
         aw, ap = anc[0] + w, anc[1] + first
         dw, dp = desc[0] + w, desc[1] + last
@@ -427,7 +437,7 @@ class _Model:
         if not self.use_mem:
             return
         cap, M = self.cluster.capacity, self.M_plan
-        self._p_bytes = p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
+        self._p_bytes = np.floor(g.p_size / self.mem_unit).astype(np.int64)
         self._act_b = act_b = np.floor(g.act / self.mem_unit).astype(np.int64)
         f = self.S / self.cluster.slow_memory_bandwidth
         self._act_t = act_t = np.floor(g.act * f).astype(np.int64)
@@ -456,9 +466,8 @@ class _Model:
                 if act_b[v] > 0:
                     m.Add(pk >= int(act_b[v]) * x[v][b])
             self.peak_b[b] = pk
-            pterms = [(int(p_bytes[q]), var) for q, var in by_block[b]]
             if self.use_cap and not self.placed:  # placed: per device class
-                m.Add(_wsum(pterms) + pk <= int(math.floor(cap / self.mem_unit)))
+                self._add_capacity(b, cap)
             if self.use_over:
                 pt = m.NewIntVar(0, int(act_t.max()), f"peakt_{b}")
                 for v in members:
@@ -474,6 +483,15 @@ class _Model:
                 m.Add(ov >= _wsum(over_terms) + pt - self._mf_ov)
                 self.ov[b] = ov
                 self.terms[b].append((1, ov))
+
+    def _add_capacity(self, b: int, cap: float) -> None:
+        """Block b's parameters and peak fit the capacity (in memory units)."""
+        pterms = [(int(self._p_bytes[q]), var) for q, var in self.by_block[b]]
+        self.m.Add(_wsum(pterms) + self.peak_b[b] <= int(math.floor(cap / self.mem_unit)))
+
+    def _cut_work(self) -> np.ndarray:
+        """Per node: integer time every block holding it costs at least (cuts, narrowing)."""
+        return self.w_int
 
     def _add_objective(self) -> None:
         """T >= f(b) for every block, S * (universal bound) <= T <= the hint's cost."""
@@ -630,12 +648,21 @@ class _Model:
                     terms.append((1, ov))
                     rounded += len(over) + 2
                 self.placed_terms[b] = max(self.placed_terms[b], rounded)
-                m.Add(_wsum(terms) <= self.T).OnlyEnforceIf(self.y[b][c])
+                self._bound_class_cost(b, c, terms, io_terms[b][h])
                 cap_c = float(cl.capacity[c])
                 if self.use_mem and math.isfinite(cap_c):
-                    pterms = [(int(self._p_bytes[q]), var) for q, var in self.by_block[b]]
-                    limit = int(math.floor(cap_c / self.mem_unit))
-                    m.Add(_wsum(pterms) + self.peak_b[b] <= limit).OnlyEnforceIf(self.y[b][c])
+                    self._add_class_capacity(b, c, cap_c)
+
+    def _bound_class_cost(self, b: int, c: int, terms: list, io: list) -> None:
+        """Block b's cost on class c (``terms``; ``io``: its io terms among them) is at
+        most T when the block runs there."""
+        self.m.Add(_wsum(terms) <= self.T).OnlyEnforceIf(self.y[b][c])
+
+    def _add_class_capacity(self, b: int, c: int, cap_c: float) -> None:
+        """Block b's parameters and peak fit class c's capacity when it runs there."""
+        pterms = [(int(self._p_bytes[q]), var) for q, var in self.by_block[b]]
+        limit = int(math.floor(cap_c / self.mem_unit))
+        self.m.Add(_wsum(pterms) + self.peak_b[b] <= limit).OnlyEnforceIf(self.y[b][c])
 
     def read_placement(self, value) -> np.ndarray:
         """The device of every block in a solution (``value(var)``): each class's devices in
@@ -666,10 +693,11 @@ class _Model:
         b+1..k-1 at most (k-1-b) T; with overflow modelled also work + charged parameter
         costs <= (b+1) (T + Mf) and (k-1-b) (T + Mf) (the argument of :meth:`_blocks_needed`)."""
         m, k, T, le, lo, hi = self.m, self.k, self.T, self.le, self.lo, self.hi
-        weights = [(self.w_int, self.w_int, 0)]
+        w = self._cut_work()
+        weights = [(w, w, 0)]
         if self.mf is not None:
             mf = int(self.mf)
-            weights.append((self.w_int + self.mass_first, self.w_int + self.mass_last, mf))
+            weights.append((w + self.mass_first, w + self.mass_last, mf))
         for b in range(k - 1):
             self._tick()
             done = hi <= b  # le[v][b] is TRUE: in blocks 0..b
@@ -695,8 +723,12 @@ class _Model:
             else:
                 m.Add(ub == 0)
             self.used.append(ub)
-        for b in range(k - 1):
-            m.AddImplication(self.used[b + 1], self.used[b])
+        self._order_used()
+
+    def _order_used(self) -> None:
+        """Empty blocks come last: used[b + 1] => used[b]."""
+        for b in range(self.k - 1):
+            self.m.AddImplication(self.used[b + 1], self.used[b])
 
     # ------------------------------------------------------------------ helpers
     def size(self) -> dict:
@@ -713,15 +745,7 @@ class _Model:
         g, k = self.g, self.k
         a = np.asarray(a)
         w = np.bincount(a, weights=self.w_int, minlength=k).astype(np.int64)
-        io_bytes_in = np.zeros(k, dtype=np.int64)
-        io_bytes_out = np.zeros(k, dtype=np.int64)
-        pt = g.pair_tensor
-        cross = a[g.t_cons] != a[g.t_producer][pt]
-        if cross.any():
-            keys = np.unique(pt[cross] * k + a[g.t_cons][cross])
-            np.add.at(io_bytes_in, keys % k, self.io_int[keys // k])
-            sent = np.unique(pt[cross])
-            np.add.at(io_bytes_out, a[g.t_producer][sent], self.io_int[sent])
+        io = self.block_io_int(a)
         ov = np.zeros(k, dtype=np.int64)
         if self.use_over:
             f = self.S / self.cluster.slow_memory_bandwidth
@@ -733,7 +757,21 @@ class _Model:
                 ov[b] = max(
                     0, int(coef[qs].sum()) + pt_ - int(math.ceil(self.cluster.fast_memory * f))
                 )
-        return w + io_bytes_in + io_bytes_out + ov
+        return w + io + ov
+
+    def block_io_int(self, a: np.ndarray) -> np.ndarray:
+        """Integer io terms (received plus sent tensors) of every block of plan ``a``."""
+        g, k = self.g, self.k
+        io_bytes_in = np.zeros(k, dtype=np.int64)
+        io_bytes_out = np.zeros(k, dtype=np.int64)
+        pt = g.pair_tensor
+        cross = a[g.t_cons] != a[g.t_producer][pt]
+        if cross.any():
+            keys = np.unique(pt[cross] * k + a[g.t_cons][cross])
+            np.add.at(io_bytes_in, keys % k, self.io_int[keys // k])
+            sent = np.unique(pt[cross])
+            np.add.at(io_bytes_out, a[g.t_producer][sent], self.io_int[sent])
+        return io_bytes_in + io_bytes_out
 
     def add_hint(self, a: np.ndarray) -> None:
         """Hint every decision and auxiliary variable with the values of plan ``a``."""
@@ -769,11 +807,16 @@ class _Model:
                 if self.ov[b] is not None:
                     ov = max(0, int(self._coef_ov[qs].sum()) + pt - self._mf_ov)
                     m.AddHint(self.ov[b], ov)
-        if self.placed:  # the per-class terms: CP-SAT completes them (T at most the hint's)
+        self._hint_objective(a)
+
+    def _hint_objective(self, a: np.ndarray) -> None:
+        """Hint T with plan ``a``'s bottleneck (placed: the hint's, CP-SAT completes the
+        per-class terms)."""
+        if self.placed:
             if self.ub_int is not None:
-                m.AddHint(self.T, self.ub_int)
+                self.m.AddHint(self.T, self.ub_int)
             return
-        m.AddHint(self.T, int(self.block_costs_int(a).max()))
+        self.m.AddHint(self.T, int(self.block_costs_int(a).max()))
 
     def read(self, solver: cp_model.CpSolver) -> np.ndarray:
         """The block of every coarse node in the solver's solution."""
