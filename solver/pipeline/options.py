@@ -18,6 +18,7 @@ from solver.core.options import check_search_options
 from solver.core.progress import NULL_PROGRESS, NullProgress, Progress
 from solver.core.units import format_bytes
 from solver.pipeline.heuristics.slicing import slice_table_bytes
+from solver.pipeline.training.model import TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class SolveOptions:
     incumbent: Incumbent | None = None
     # seconds solve spent before the method (bounds, warm start): the tie-break's yardstick
     spent_before: float = 0.0
+    # a training plan (schedule, microbatches, ...; objective the iteration time T); None:
+    # inference, the bottleneck max f (docs/training.md)
+    training: TrainingSpec | None = None
 
     def watcher(self) -> Progress:
         """Where a method reports its progress: ``reporter`` with ``progress``, else nobody

@@ -40,7 +40,9 @@ from solver.core.result import (  # noqa: F401  re-exported for the importers of
     optimal_within,
     relative_gap,
 )
+from solver.pipeline.training.model import TrainingCost, TrainingSpec, training_cost
 
+ITERATION_TIME = "iteration_time"  # "objective_kind" of a training plan (T, docs/training.md)
 PLAN_FORMAT = "mtpp-plan"
 PLAN_VERSION = 1
 # a command that takes pipeline plans only (mtpp run, read_plan_assignment), given a joint plan
@@ -67,6 +69,8 @@ class Plan:
     wall_seconds: float = 0.0
     stats: dict = field(default_factory=dict)
     placement: np.ndarray | None = None  # device of each block; None: block b on device b
+    # a training plan's stages and iteration time T (its objective); None: an inference plan
+    training: TrainingCost | None = None
 
     @property
     def k(self) -> int:
@@ -74,6 +78,9 @@ class Plan:
 
     @property
     def objective(self) -> float:
+        """max f (inference), or the iteration time T of a training plan."""
+        if self.training is not None:
+            return self.training.iteration_time
         return self.evaluation.objective
 
     @property
@@ -109,7 +116,11 @@ class Plan:
             "assignment": {
                 n: int(b) for n, b in zip(self.node_names, self.assignment, strict=True)
             },
-        } | ({} if self.placement is None else {"placement": self.placement.tolist()})
+        } | ({} if self.placement is None else {"placement": self.placement.tolist()}) | (
+            {}
+            if self.training is None
+            else {"objective_kind": ITERATION_TIME, "training": self.training.to_dict()}
+        )
 
 
 def make_plan(
@@ -125,6 +136,7 @@ def make_plan(
     check: bool = True,
     resolution: float = 0.0,
     placement: object = None,
+    training: TrainingSpec | None = None,
 ) -> Plan:
     """Evaluate ``assignment`` and wrap it as a :class:`Plan`.
 
@@ -139,17 +151,24 @@ def make_plan(
 
     ``placement[b]`` is the device running block b (see :func:`solver.core.cost.check_placement`;
     default b); the plan keeps it and writes it to JSON when one was given.
+
+    With ``training`` the plan is a training plan: priced by
+    :func:`solver.pipeline.training.model.training_cost` (its validity is the training
+    memory's), its objective and the status rule are on the iteration time T, and
+    ``lower_bound`` must be a bound on T.
     """
     a = np.asarray(assignment, dtype=np.int64)
     dev = None if placement is None else check_placement(cluster, cluster.devices, placement)
+    cost = None if training is None else training_cost(g, cluster, a, training, placement=dev)
     if check:
-        bad = validate(g, cluster, a, placement=dev)
+        bad = [str(v) for v in validate(g, cluster, a, placement=dev)]
+        bad = bad if cost is None else list(cost.violations)
         if bad:
             raise AssertionError(f"{method} produced an invalid plan: {bad[0]}")
     ev = evaluate(g, cluster, a, placement=dev)
     verdict = certify(
         method,
-        ev.objective,
+        ev.objective if cost is None else cost.iteration_time,
         [lower_bound],
         proven=status == OPTIMAL,
         resolution=resolution,
@@ -169,6 +188,7 @@ def make_plan(
         wall_seconds=float(wall_seconds),
         stats=dict(stats or {}) | verdict.stats_view(),
         placement=dev,
+        training=cost,
     )
 
 
@@ -260,3 +280,24 @@ def read_plan_placement(data: dict, path: str | Path, cluster: Cluster) -> np.nd
         return check_placement(cluster, cluster.devices, np.array(raw, dtype=np.int64))
     except MtppError as e:
         raise MtppError(f"{path}: {e}") from None
+
+
+def read_plan_training(data: dict, path: str | Path) -> TrainingSpec | None:
+    """The training spec a plan file records (its ``"training"`` section: schedule,
+    microbatches, virtual_stages, optimizer_state), or None for an inference plan; a section
+    that names no valid spec is refused naming the file."""
+    raw = data.get("training")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise MtppError(f"{path}: 'training' must be a mapping (schedule, microbatches, ...)")
+    default = TrainingSpec()
+    try:
+        return TrainingSpec(
+            schedule=raw.get("schedule", default.schedule),
+            microbatches=raw.get("microbatches", default.microbatches),
+            virtual_stages=raw.get("virtual_stages", default.virtual_stages),
+            optimizer_state=raw.get("optimizer_state", default.optimizer_state),
+        )
+    except MtppError as e:
+        raise MtppError(f"{path}: 'training': {e}") from None

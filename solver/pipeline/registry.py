@@ -46,6 +46,7 @@ from solver.pipeline.runners import (
     run_slicegraph,
 )
 from solver.pipeline.topology import place_plan, run_method
+from solver.pipeline.training.solve import solve_training
 
 # share of the time limit for the certified lower bounds (solver.pipeline.bounds)
 BOUND_SHARE = 0.15
@@ -119,6 +120,8 @@ def solve(g: Graph, cluster: Cluster, method: str, opts: SolveOptions | None = N
     opts = opts or SolveOptions()
     check_solve_options(opts)
     opts = replace(opts, extra=check_method_options(method, opts.extra))
+    if opts.training is not None:  # a training plan: least iteration time T (docs/training.md)
+        return solve_training(g, cluster, method, fn, opts)
     t0 = time.perf_counter()
     cg, _ = coarse_view(g)
     k = min(cluster.devices, cg.n)
