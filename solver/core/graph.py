@@ -18,7 +18,8 @@ Training plans (docs/training.md) read two optional per-node arrays: ``work_back
 (bytes the node keeps per in-flight microbatch until its backward; default its output bytes,
 :attr:`Graph.stash_bytes`). A graph without them behaves exactly as before.
 
-networkx is used only where an algorithm needs it (cycle reporting, strong components).
+networkx is imported only to report a cycle (an error path); the strong components that
+coarsening needs are computed here (:func:`condensation_order`).
 """
 
 from __future__ import annotations
@@ -555,10 +556,9 @@ def coarsen_labels(g: Graph) -> np.ndarray:
 
     Nodes of a group must share a block; if the quotient then has a cycle, every node on it
     must share that block too (the block order is a total order). The result labels are
-    numbered in a topological order of the (acyclic) quotient.
+    numbered in a topological order of the (acyclic) quotient: the order networkx's
+    ``topological_sort(condensation(...))`` gives, reproduced by :func:`condensation_order`.
     """
-    import networkx as nx  # heavy: networkx (about 0.8 s to import)
-
     lab = np.arange(g.n, dtype=np.int64)
     for members in g.groups:
         lab[members] = members[0]
@@ -566,17 +566,94 @@ def coarsen_labels(g: Graph) -> np.ndarray:
     L = int(lab.max()) + 1
     es, ed = lab[g.e_src], lab[g.e_dst]
     k = es != ed
-    d = nx.DiGraph()
-    d.add_nodes_from(range(L))
-    d.add_edges_from(zip(es[k].tolist(), ed[k].tolist(), strict=True))
-    comp = np.empty(L, dtype=np.int64)
-    cond = nx.condensation(d)
-    order = list(nx.topological_sort(cond))
-    pos = {c: i for i, c in enumerate(order)}
-    for c, data in cond.nodes(data=True):
-        for x in data["members"]:
-            comp[x] = pos[c]
-    return comp[lab]
+    return condensation_order(L, es[k].tolist(), ed[k].tolist())[lab]
+
+
+# Written by hand rather than taken from networkx: importing networkx costs about 0.2 s of
+# every solve's start-up, and this is the only part of it a solve needs. It reproduces
+# networkx's order exactly (Tarjan's algorithm with Nuutila's modification as
+# ``strongly_connected_components`` runs it, then ``topological_generations`` of the
+# condensation), so the coarse graph's numbering, and every plan found on it, stay as they
+# were; tests/core/test_condensation.py compares both on random graphs.
+def condensation_order(n: int, src: list[int], dst: list[int]) -> np.ndarray:
+    """For each of the ``n`` nodes of the directed graph with edges ``src[i] -> dst[i]``, the
+    position of its strongly connected component in a topological order of the components."""
+    succ: list[dict[int, None]] = [{} for _ in range(n)]  # successors, first occurrence order
+    for u, v in zip(src, dst, strict=True):
+        succ[u][v] = None
+    comp = _strong_components(succ)
+    nc = int(comp.max()) + 1 if n else 0
+    csucc: list[dict[int, None]] = [{} for _ in range(nc)]
+    for u in range(n):
+        for v in succ[u]:
+            if comp[u] != comp[v]:
+                csucc[comp[u]][comp[v]] = None
+    pos = np.empty(nc, dtype=np.int64)
+    pos[_topological_order(csucc)] = np.arange(nc)
+    return pos[comp]
+
+
+def _strong_components(succ: list[dict[int, None]]) -> np.ndarray:
+    """Component number of every node, components numbered in the order Tarjan's algorithm
+    (non-recursive, Nuutila's variant, nodes tried in index order) completes them."""
+    n = len(succ)
+    preorder = [0] * n  # 0 = not visited yet
+    lowlink = [0] * n
+    comp = np.full(n, -1, dtype=np.int64)
+    scc_stack: list[int] = []
+    neighbors = [iter(s) for s in succ]
+    counter, found = 0, 0
+    for source in range(n):
+        if comp[source] >= 0:
+            continue
+        queue = [source]
+        while queue:
+            v = queue[-1]
+            if not preorder[v]:
+                counter += 1
+                preorder[v] = counter
+            descended = False
+            for w in neighbors[v]:
+                if not preorder[w]:
+                    queue.append(w)
+                    descended = True
+                    break
+            if descended:
+                continue
+            low = preorder[v]
+            for w in succ[v]:
+                if comp[w] < 0:
+                    low = min(low, lowlink[w] if preorder[w] > preorder[v] else preorder[w])
+            lowlink[v] = low
+            queue.pop()
+            if low == preorder[v]:
+                comp[v] = found
+                while scc_stack and preorder[scc_stack[-1]] > preorder[v]:
+                    comp[scc_stack.pop()] = found
+                found += 1
+            else:
+                scc_stack.append(v)
+    return comp
+
+
+def _topological_order(succ: list[dict[int, None]]) -> list[int]:
+    """Kahn's algorithm generation by generation, as networkx's ``topological_sort``."""
+    indegree = [0] * len(succ)
+    for s in succ:
+        for v in s:
+            indegree[v] += 1
+    generation = [v for v in range(len(succ)) if indegree[v] == 0]
+    order: list[int] = []
+    while generation:
+        order.extend(generation)
+        following = []
+        for u in generation:
+            for v in succ[u]:
+                indegree[v] -= 1
+                if indegree[v] == 0:
+                    following.append(v)
+        generation = following
+    return order
 
 
 def coarse_view(g: Graph) -> tuple[Graph, np.ndarray]:
