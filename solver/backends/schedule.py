@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.core.errors import MtppError
-from solver.pipeline.training.model import TrainingCost, TrainingSpec
+from solver.core.training import TrainingCost, TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.core.options import check_search_options
 from solver.core.progress import NULL_PROGRESS, NullProgress, Progress
+from solver.core.training import TrainingSpec
 from solver.core.units import format_bytes
 from solver.pipeline.heuristics.slicing import slice_table_bytes
-from solver.pipeline.training.model import TrainingSpec
 
 
 @dataclass(frozen=True)

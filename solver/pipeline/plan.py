@@ -40,7 +40,7 @@ from solver.core.result import (  # noqa: F401  re-exported for the importers of
     optimal_within,
     relative_gap,
 )
-from solver.pipeline.training.model import TrainingCost, TrainingSpec, training_cost
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 
 ITERATION_TIME = "iteration_time"  # "objective_kind" of a training plan (T, docs/training.md)
 PLAN_FORMAT = "mtpp-plan"
@@ -153,7 +153,7 @@ def make_plan(
     default b); the plan keeps it and writes it to JSON when one was given.
 
     With ``training`` the plan is a training plan: priced by
-    :func:`solver.pipeline.training.model.training_cost` (its validity is the training
+    :func:`solver.core.training.training_cost` (its validity is the training
     memory's), its objective and the status rule are on the iteration time T, and
     ``lower_bound`` must be a bound on T.
     """

@@ -17,7 +17,7 @@ from solver.backends.schedule import (
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
-from solver.pipeline.training.model import TrainingSpec, training_cost
+from solver.core.training import TrainingSpec, training_cost
 from tests.conftest import scaled_examples
 
 

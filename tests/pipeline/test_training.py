@@ -16,6 +16,7 @@ from solver.core.cluster import Cluster, Topology
 from solver.core.cost import evaluate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.core.training import TrainingSpec, training_cost
 from solver.frontends import native
 from solver.pipeline.exact.brute import all_assignments
 from solver.pipeline.training.exact import (
@@ -23,7 +24,6 @@ from solver.pipeline.training.exact import (
     exact_training_plan,
     training_lower_bound,
 )
-from solver.pipeline.training.model import TrainingSpec, training_cost
 from solver.pipeline.training.splits import (
     by_parameter_counts,
     fewer_at_ends_counts,

@@ -34,8 +34,8 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, node_bounds
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.dp.ideals import enumerate_ideals
-from solver.pipeline.training.model import TrainingCost, TrainingSpec, training_cost
 
 MAX_IDEALS = 3_000  # the subset table is ideals^2 booleans
 MAX_PAIRS = 300_000  # blocks priced through the evaluator, one call each

@@ -32,6 +32,7 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.bounds import certified_lower_bound, topology
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first
 from solver.pipeline.heuristics.baselines import contiguous_split
@@ -44,7 +45,6 @@ from solver.pipeline.training.exact import (
     exact_training_plan,
     training_lower_bound,
 )
-from solver.pipeline.training.model import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.training.splits import practitioner_splits
 
 BOUND_SHARE = 0.15  # of the time limit for the certified bottleneck bound (as registry's)

@@ -30,8 +30,8 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.dp.separators import separators
-from solver.pipeline.training.model import TrainingCost, TrainingSpec, training_cost
 
 LAYER_NAME = re.compile(r"(?:^|[/._])(?:layers|layer|h|blocks|block)[._](\d+)(?=$|[/._])")
 SPLITS = ("uniform", "fewer-at-ends", "by-parameters")
