@@ -16,7 +16,8 @@ from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph
 from solver.frontends.workloads import layered_dag
 from solver.pipeline.heuristics.slicing import slice_order
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 
 def best_of(fn, repeat: int = 3) -> float:

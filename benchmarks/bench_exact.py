@@ -16,7 +16,8 @@ import time
 from common import KNOWN, TRAINING, path
 
 from solver.frontends import load_graph, resolve_cluster
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 
 def main() -> int:

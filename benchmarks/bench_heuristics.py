@@ -23,7 +23,8 @@ from common import KNOWN, path
 from solver.core.cost import evaluate, validate
 from solver.core.errors import MtppError
 from solver.frontends import load_graph, resolve_cluster
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 METHODS = ["uniform", "params", "time", "poprt", "poprt-opt", "slicegraph", "idealdp", "cpsat"]
 

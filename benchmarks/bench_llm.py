@@ -25,7 +25,8 @@ import llama  # noqa: E402
 from solver.core.cost import lower_bound  # noqa: E402
 from solver.frontends import load_graph, resolve_cluster  # noqa: E402
 from solver.pipeline.bounds import certified_lower_bound  # noqa: E402
-from solver.pipeline.registry import SolveOptions, solve  # noqa: E402
+from solver.pipeline.options import SolveOptions  # noqa: E402
+from solver.pipeline.registry import solve  # noqa: E402
 
 CASES = "7b:ipu-pod:4,7b:ipu-pod:16,7b:ipu-pod:64,70b:ipu-pod:16,70b:ipu-pod:64,70b:dgx-a100:8"
 

@@ -42,7 +42,8 @@ def model_path(preset: str, out_dir: Path) -> Path:
 CHILD = r"""
 import json, resource, sys, time
 from solver.frontends import load_graph, resolve_cluster
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 path, cluster, k, limit, workers, mode = sys.argv[1:7]
 k, limit, workers = int(k), float(limit), int(workers)
@@ -52,7 +53,7 @@ out = {"nodes": g.n}
 if mode == "model":
     from solver.pipeline.exact.cpsat import _Model
     from solver.core.graph import coarse_view
-    from solver.pipeline.registry import quick_assignment
+    from solver.pipeline.runners import quick_assignment
     cg, labels = coarse_view(g)
     _, hint = quick_assignment(g, c)
     ch = hint[__import__("numpy").unique(labels, return_index=True)[1]]

@@ -26,7 +26,8 @@ from solver.core.files import read_yaml
 from solver.core.units import parse_memory
 from solver.experiments import benchdata
 from solver.frontends.onnx.modelgen import BUILDERS, check_params
-from solver.pipeline.registry import METHODS, check_method_options
+from solver.pipeline.options import check_method_options
+from solver.pipeline.registry import METHODS
 
 MAX_RUNS = 1_000_000  # a larger cross product is refused before anything is allocated
 MAX_LAYERED = 1_000_000  # nodes of a generated layered DAG

@@ -53,17 +53,12 @@ BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
 # the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
 PROGRESS_METHODS = ("cpsat", "slicegraph")
-# read here by the command line, the experiments and the tests (SolveOptions, quick_assignment,
-# check_method_options live in options and runners)
 __all__ = [
     "METHODS",
     "PROGRESS_METHODS",
-    "SolveOptions",
     "bound_stats",
     "certified_bound",
     "certify",
-    "check_method_options",
-    "quick_assignment",
     "solve",
     "warm_incumbent",
 ]

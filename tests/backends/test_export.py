@@ -20,7 +20,8 @@ from solver.core.cluster import load_cluster
 from solver.core.cost import evaluate
 from solver.frontends import load_graph
 from solver.pipeline.heuristics.manual import manual_assignment, parse_sharding
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.options import SolveOptions
+from solver.pipeline.registry import solve
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

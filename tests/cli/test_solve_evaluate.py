@@ -289,7 +289,8 @@ def test_tables_fit_a_recorded_80_column_console(long_names, tmp_path, capsys):
     from solver.cli.simulate import print_simulation
     from solver.cli.solve import _print_plan
     from solver.frontends import load_graph, resolve_cluster
-    from solver.pipeline.registry import SolveOptions, solve
+    from solver.pipeline.options import SolveOptions
+    from solver.pipeline.registry import solve
 
     g = load_graph(str(long_names))
     cluster = resolve_cluster(g, None, None)

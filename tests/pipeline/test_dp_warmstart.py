@@ -15,8 +15,10 @@ from solver.core.graph import coarse_view
 from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.dp.chain_ideals import chain_ideal_dp, ideal_chain
 from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL
-from solver.pipeline.registry import SolveOptions, quick_assignment, solve
+from solver.pipeline.registry import solve
+from solver.pipeline.runners import quick_assignment
 
 ROOT = Path(__file__).resolve().parents[2]
 

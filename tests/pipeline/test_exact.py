@@ -20,8 +20,10 @@ from solver.pipeline.exact.cpsat import (
     meets_bound,
     solve_cpsat,
 )
+from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL
-from solver.pipeline.registry import SolveOptions, quick_assignment, solve
+from solver.pipeline.registry import solve
+from solver.pipeline.runners import quick_assignment
 from tests.conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
 

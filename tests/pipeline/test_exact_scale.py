@@ -20,8 +20,10 @@ from solver.pipeline.exact.tiebreak import (
     tie_break,
     tie_break_budget,
 )
+from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL
-from solver.pipeline.registry import SolveOptions, quick_assignment, solve
+from solver.pipeline.registry import solve
+from solver.pipeline.runners import quick_assignment
 from tests.badinput import assert_refused
 from tests.conftest import problems, scaled_examples
 

@@ -15,8 +15,9 @@ from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.heuristics.orders import depth_first_order, priority_order
 from solver.pipeline.heuristics.slicing import linear_partition, slice_order
+from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL
-from solver.pipeline.registry import SolveOptions, solve
+from solver.pipeline.registry import solve
 from tests.conftest import KNOWN_OPTIMA, bench_path, problems, scaled_examples
 
 

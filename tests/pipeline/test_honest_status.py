@@ -24,9 +24,10 @@ from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
 from solver.pipeline.heuristics.brkga import BrkgaOptions, brkga
 from solver.pipeline.heuristics.slicing import SliceTimeout, slice_order, slice_table_bytes
-from solver.pipeline.options import estimate_bytes
+from solver.pipeline.options import SolveOptions, estimate_bytes
 from solver.pipeline.plan import FEASIBLE, INVALID, OPTIMAL, InvalidBoundError, make_plan
-from solver.pipeline.registry import SolveOptions, quick_assignment, solve
+from solver.pipeline.registry import solve
+from solver.pipeline.runners import quick_assignment
 from tests.badinput import assert_refused
 
 # a chain a -> b -> c, work 1 each, 0.1 s of io per crossing: the optimum on 2 devices is

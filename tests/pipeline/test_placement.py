@@ -22,6 +22,7 @@ from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.pipeline.exact.brute import all_assignments, brute_force
 from solver.pipeline.exact.cpsat import CpsatOptions, solve_cpsat
+from solver.pipeline.options import SolveOptions
 from solver.pipeline.placement import best_placement, device_classes, planning_cluster
 from solver.pipeline.plan import (
     ALL_PLACEMENTS,
@@ -31,7 +32,7 @@ from solver.pipeline.plan import (
     read_plan_placement,
     save_plan,
 )
-from solver.pipeline.registry import SolveOptions, certified_bound, solve
+from solver.pipeline.registry import certified_bound, solve
 from tests.conftest import scaled_examples
 
 CP = CpsatOptions(time_limit=20.0, workers=2, tie_break=False)

@@ -409,7 +409,8 @@ def test_vgg19_macs_match_hand_count():
 
 def test_every_zoo_model_imports_and_solves():
     from solver.core.cluster import load_cluster
-    from solver.pipeline.registry import SolveOptions, solve
+    from solver.pipeline.options import SolveOptions
+    from solver.pipeline.registry import solve
 
     for path in sorted(LIGHT.glob("*.onnx")):
         with warnings.catch_warnings():
