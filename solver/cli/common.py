@@ -61,6 +61,9 @@ def load_graph_and_cluster(
             "cluster": known,
             "devices": args.devices,
             "memory_ok": getattr(args, "memory_ok", False),  # mtpp run --memory-ok
+            # training plans read each operator's backward work and stash (docs/training.md)
+            "training_costs": getattr(args, "schedule", None) is not None
+            or getattr(args, "training_costs", False),
         }
     g = frontends.load_graph(args.graph, **options)
     if known is not None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.frontends.onnx.backward import FLOATING, OpCall, Operand, backward_costs
 from solver.frontends.onnx.common import (
     CONTROL_FLOW,
     SHAPE_INPUTS,
@@ -140,8 +141,12 @@ class _Costs:
         self.t_size.append(size)
 
 
-def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
-    """Fold the ONNX graph into a :class:`Graph` (see the module docstring).
+def build_cost_graph(
+    model, shapes, *, name: str, work: str, cluster, training: bool = False
+) -> Graph:
+    """Fold the ONNX graph into a :class:`Graph` (see the module docstring). With
+    ``training``, every node also gets its backward work and stash from the operator table of
+    :mod:`solver.frontends.onnx.backward` (without it the graph is exactly as before).
 
     Raises :class:`ShapesUnknown` when a tensor the cost graph needs has no known shape.
     """
@@ -156,9 +161,14 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
     costs = _tensors_and_edges(g, nodes, read, tensors)
     _attach_static(g, nodes, costs.param_users, onnx_names)
     params = _parameters(model, nodes, costs, tensors)
+    times = work_times(work, costs.flops, costs.moved, cluster, costs.int_flops)
+    hints = _hints(g, nodes, costs, onnx_names, tensors, work)
+    backward = backward_costs(_op_calls(g, nodes, read, tensors)) if training else None
+    if backward is not None and backward.unknown_ops:
+        hints["backward_unknown_ops"] = backward.unknown_ops
     graph = Graph.build(
         nodes.cost_names,
-        work_times(work, costs.flops, costs.moved, cluster, costs.int_flops),
+        times,
         costs.out_bytes,
         np.asarray(costs.edges, dtype=np.int64).reshape(-1, 2),
         params=params,
@@ -166,7 +176,9 @@ def build_cost_graph(model, shapes, *, name: str, work: str, cluster) -> Graph:
         name=name,
         flops=costs.flops,
         op_types=nodes.op_types,
-        hints=_hints(g, nodes, costs, onnx_names, tensors, work),
+        hints=hints,
+        work_backward=None if backward is None else backward.factor * times,
+        stash=None if backward is None else backward.stash,
     )
     return with_tensors(graph, np.asarray(costs.t_prod), np.asarray(costs.t_size), costs.pairs)
 
@@ -334,6 +346,34 @@ def _count_flops(costs: _Costs, idx: int, node, tensors: _Tensors, made_by: dict
     if fl:
         dequantized = all(made_by.get(x) == "DequantizeLinear" for x in node.input[:2])
         costs.int_flops[idx] = integer_flops(node, in_shapes, out_shapes, dequantized)
+
+
+def _op_calls(g, nodes: _Nodes, read: set[str], tensors: _Tensors) -> list[OpCall]:
+    """Every cost node as the backward table sees it (model inputs first, then the ONNX
+    nodes in order): its operands by position, shape-like inputs left out."""
+
+    def operand(t: str, producer: int = -1, weight: bool = False) -> Operand:
+        shape, et = tensors.shapes.get(t, (None, 0))
+        floating = int(et) in FLOATING
+        return Operand(t, tensors.nbytes(t), floating, producer, weight and floating)
+
+    calls = [OpCall("Input", (), (operand(x, k),)) for k, x in enumerate(nodes.graph_inputs)]
+    for idx in nodes.cost_range():
+        node = g.node[nodes.node_of_cost[idx]]
+        shape_only = SHAPE_INPUTS.get(node.op_type, ())
+        ins = []
+        for j, x in enumerate(node.input):
+            src = x if x in nodes.static else tensors.real(x)
+            if not x or j in shape_only:
+                ins.append(Operand("", 0.0, False))
+            elif src in nodes.static:
+                roots = nodes.roots.get(src, ())
+                ins.append(operand(src, weight=any(is_weight(r, tensors.shapes) for r in roots)))
+            else:
+                ins.append(operand(src, nodes.producer.get(src, -1)))
+        outs = tuple(operand(o, idx) for o in node.output if o in read)
+        calls.append(OpCall(node.op_type, tuple(ins), outs))
+    return calls
 
 
 def _attach_static(g, nodes: _Nodes, param_users: dict, onnx_names: list[str]) -> None:

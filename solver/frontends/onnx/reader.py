@@ -25,6 +25,7 @@ from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.frontends.onnx import profile  # the module: tests replace profile.measured_work
+from solver.frontends.onnx.backward import rescaled_backward
 from solver.frontends.onnx.graph import ShapesUnknown, build_cost_graph
 from solver.frontends.onnx.load import check_external_paths, read_model
 from solver.frontends.onnx.shapes import fix_dims, infer_shapes, read_static, with_run
@@ -37,10 +38,12 @@ def load_onnx(
     cluster: str | Cluster | None = None,
     devices: int | None = None,
     memory_ok: bool = False,
+    training_costs: bool = False,
 ) -> Graph:
     """Read an ONNX file into a cost graph. ``cluster`` (preset, YAML or a :class:`Cluster`,
     such as the one a plan records) sets the roofline; ``memory_ok`` lets ``work="measured"``
-    run past its memory estimate."""
+    run past its memory estimate; ``training_costs`` gives every node its backward work and
+    stash from the operator table (:mod:`solver.frontends.onnx.backward`)."""
     path = Path(path)
     if work not in ("roofline", "flops", "measured"):
         raise MtppError(f"--work {work!r}: choose roofline, flops or measured")
@@ -53,20 +56,32 @@ def load_onnx(
     cost_work = "roofline" if work == "measured" else work
     try:
         g = build_cost_graph(
-            loaded.model, loaded.shapes, name=path.stem, work=cost_work, cluster=cl
+            loaded.model,
+            loaded.shapes,
+            name=path.stem,
+            work=cost_work,
+            cluster=cl,
+            training=training_costs,
         )
     except ShapesUnknown as e:
         loaded = with_run(loaded, e.tensors)
         warnings.warn(loaded.note, stacklevel=2)
         g = build_cost_graph(
-            loaded.model, loaded.shapes, name=path.stem, work=cost_work, cluster=cl
+            loaded.model,
+            loaded.shapes,
+            name=path.stem,
+            work=cost_work,
+            cluster=cl,
+            training=training_costs,
         )
     g.hints["dims"] = loaded.fixed
     g.hints["roofline_cluster"] = cl.name
     if loaded.note:
         g.hints["shapes_from_run"] = loaded.note
     if work == "measured":
-        g = g.with_work(profile.measured_work(path, loaded.model, g, memory_ok=memory_ok))
+        g = rescaled_backward(
+            g, g.with_work(profile.measured_work(path, loaded.model, g, memory_ok=memory_ok))
+        )
         g.hints["work_model"] = "measured"
     return g
 
