@@ -19,14 +19,15 @@ Every f(S) comes from :func:`core.cost.evaluate`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from solver.core.cluster import Cluster
-from solver.core.cost import evaluate, validate
+from solver.core.cost import evaluate, lower_bound, node_bounds, validate
 from solver.core.errors import MtppError
-from solver.core.graph import Graph
+from solver.core.graph import Graph, coarse_view
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 MAX_MICROBATCHES = 1_000_000
@@ -236,3 +237,34 @@ def _violations(g, cluster, a, k, placement, stages: tuple[StageCost, ...]) -> t
                 f"{s.inflight:g} x stash {s.stash:.6g}) but the capacity is {s.capacity:.6g} bytes"
             )
     return tuple(found)
+
+
+def training_lower_bound(
+    g: Graph, cluster: Cluster, k: int, spec: TrainingSpec, max_f_bound: float = 0.0
+) -> float:
+    """A lower bound on T for every plan of at most k blocks (memory ignored: a relaxation).
+
+    With W2 = total work + backward work: sum_i t_i >= W2 (plus the overflow no k devices
+    avoid, on a homogeneous cluster); max_i t_i >= sum_i t_i / k, >= core.cost.lower_bound
+    (t_i >= F_i), >= ``max_f_bound`` (a proven lower bound on max f over the plans of at most
+    k blocks, e.g. the certified bounds of solver.pipeline.bounds), and >= every coarse node's
+    neighbourhood bound plus its backward work. Then T = a * sum + b * max >= a * (sum bound)
+    + b * (max bound). Proof in docs/training.md.
+    """
+    a, b = spec.time_weights
+    cg, _ = coarse_view(g)
+    w2 = float(g.work.sum() + g.backward_work.sum())
+    if cluster.homogeneous:
+        M, Bm = cluster.fast_memory, cluster.slow_memory_bandwidth
+        spill = 0.0
+        if math.isfinite(M):
+            spill = max(0.0, g.param_bytes_total + float(g.act.max()) - k * M) / Bm
+        total = w2 + spill
+        per_stage = max(total / k, float((node_bounds(cg, cluster) + cg.backward_work).max()))
+    else:
+        _, _, compute = cluster.device_arrays()
+        speed = np.sort(compute / cluster.compute)[::-1]
+        total = w2 / float(speed[0])
+        per_stage = w2 / float(speed[: min(k, len(speed))].sum())
+    per_stage = max(per_stage, lower_bound(g, cluster, k), max_f_bound)
+    return a * total + b * per_stage

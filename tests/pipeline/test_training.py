@@ -16,13 +16,12 @@ from solver.core.cluster import Cluster, Topology
 from solver.core.cost import evaluate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
-from solver.core.training import TrainingSpec, training_cost
+from solver.core.training import TrainingSpec, training_cost, training_lower_bound
 from solver.frontends import native
 from solver.pipeline.exact.brute import all_assignments
 from solver.pipeline.training.exact import (
     TrainingDPDoesNotApply,
     exact_training_plan,
-    training_lower_bound,
 )
 from solver.pipeline.training.splits import (
     by_parameter_counts,

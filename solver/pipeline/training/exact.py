@@ -18,8 +18,8 @@ microbatches in flight). :func:`exact_training_plan`:
 4. T* = min over M of a * S(M) + b * M. The enumeration stops at the first M with
    a * S(inf) + b * M >= the best T found, since S(M) >= S(inf) for every M.
 
-Proofs in docs/training.md. :func:`training_lower_bound` is a bound for every plan of at most
-k blocks, for graphs the DP cannot take.
+Proofs in docs/training.md. :func:`solver.core.training.training_lower_bound` is a bound for
+every plan of at most k blocks, for graphs the DP cannot take.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solver.core.cluster import Cluster
-from solver.core.cost import evaluate, lower_bound, node_bounds
+from solver.core.cost import evaluate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.training import TrainingCost, TrainingSpec, training_cost
@@ -338,34 +338,3 @@ def _assignment(ideals: np.ndarray, chain: list[int], n: int) -> np.ndarray:
     for b, (i, j) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
         a[ideals[j] & ~ideals[i]] = b
     return a
-
-
-def training_lower_bound(
-    g: Graph, cluster: Cluster, k: int, spec: TrainingSpec, max_f_bound: float = 0.0
-) -> float:
-    """A lower bound on T for every plan of at most k blocks (memory ignored: a relaxation).
-
-    With W2 = total work + backward work: sum_i t_i >= W2 (plus the overflow no k devices
-    avoid, on a homogeneous cluster); max_i t_i >= sum_i t_i / k, >= core.cost.lower_bound
-    (t_i >= F_i), >= ``max_f_bound`` (a proven lower bound on max f over the plans of at most
-    k blocks, e.g. the certified bounds of solver.pipeline.bounds), and >= every coarse node's
-    neighbourhood bound plus its backward work. Then T = a * sum + b * max >= a * (sum bound)
-    + b * (max bound). Proof in docs/training.md.
-    """
-    a, b = spec.time_weights
-    cg, _ = coarse_view(g)
-    w2 = float(g.work.sum() + g.backward_work.sum())
-    if cluster.homogeneous:
-        M, Bm = cluster.fast_memory, cluster.slow_memory_bandwidth
-        spill = 0.0
-        if math.isfinite(M):
-            spill = max(0.0, g.param_bytes_total + float(g.act.max()) - k * M) / Bm
-        total = w2 + spill
-        per_stage = max(total / k, float((node_bounds(cg, cluster) + cg.backward_work).max()))
-    else:
-        _, _, compute = cluster.device_arrays()
-        speed = np.sort(compute / cluster.compute)[::-1]
-        total = w2 / float(speed[0])
-        per_stage = w2 / float(speed[: min(k, len(speed))].sum())
-    per_stage = max(per_stage, lower_bound(g, cluster, k), max_f_bound)
-    return a * total + b * per_stage

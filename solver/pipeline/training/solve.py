@@ -32,7 +32,7 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
-from solver.core.training import TrainingCost, TrainingSpec, training_cost
+from solver.core.training import TrainingCost, TrainingSpec, training_cost, training_lower_bound
 from solver.pipeline.bounds import certified_lower_bound, topology
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first
 from solver.pipeline.heuristics.baselines import contiguous_split
@@ -43,7 +43,6 @@ from solver.pipeline.topology import run_method
 from solver.pipeline.training.exact import (
     TrainingDPDoesNotApply,
     exact_training_plan,
-    training_lower_bound,
 )
 from solver.pipeline.training.splits import practitioner_splits
 
