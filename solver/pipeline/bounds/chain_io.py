@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,6 +71,33 @@ class Chain:
             self.ends[last].append((p, sec))
         self.cut = gap_cuts(cg, sep, gap, pos) / B
         self.sums, self.small = gap_subset_sums(size, gap, sep, m)
+        self._arrays()
+
+    def _arrays(self) -> None:
+        """The chain as arrays for the vectorised bin profiles (:func:`bin_profile_arrays`):
+        per separator tensor its producer, last consumer and seconds; per (tensor, later
+        separator consumer) pair; every gap's subset sums in one sorted
+        array of keys ``gap + sum / sums_scale``; and the reach of each gap, filled lazily."""
+        m = self.m
+        self.size_a, self.act_a = np.array(self.size), np.array(self.act)
+        self.fluid_a, self.small_a = np.array(self.fluid), np.array(self.small)
+        self.cut_a = self.cut
+        self.t_prod = np.array([p for p in range(m) for _ in self.outs[p]], dtype=np.int64)
+        self.t_last = np.array([c for p in range(m) for c, _ in self.outs[p]], dtype=np.int64)
+        self.t_sec = np.array([x for p in range(m) for _, x in self.outs[p]], dtype=float)
+        # (tensor, later separator consumer) pairs, listed by consumer: the first pair of a
+        # tensor at or after a gap is its first consumer there
+        self.p_cons = np.array([c for c in range(m) for _ in self.ins[c]], dtype=np.int64)
+        self.p_tensor = np.array([t for c in range(m) for t, _, _ in self.ins[c]], np.int64)
+        self.p_prod = np.array([p for c in range(m) for _, p, _ in self.ins[c]], np.int64)
+        self.p_sec = np.array([x for c in range(m) for _, _, x in self.ins[c]], dtype=float)
+        self.sums_top = np.array([float(x[-1]) for x in self.sums])
+        self.sums_scale = 2.0 * float(self.sums_top.max()) or 1.0  # keys in [gap, gap + 1/2]
+        self.sums_flat = np.concatenate(self.sums)
+        gaps = np.repeat(np.arange(m + 1), [len(x) for x in self.sums])
+        self.sums_keys = gaps + self.sums_flat / self.sums_scale
+        self.key_slack = 8.0 * (m + 1) * np.finfo(float).eps  # a few ulps of the largest key
+        self.reach: dict[int, Reach] = {}
 
 
 INF = 1 << 60
@@ -152,62 +180,116 @@ def gap_cuts(cg: Graph, sep: np.ndarray, gap: np.ndarray, pos: np.ndarray) -> np
     return cuts
 
 
+@dataclass(frozen=True)
+class Reach:
+    """The bins starting in one gap g, per gap g2 = g + 1, g + 2, ... they can end in (index
+    g2 - g - 1), with nothing of gap g taken yet: ``load_peak`` = the separators' and whole
+    gaps' volume plus the largest peak (non-decreasing), ``io`` = io_in + io_out + the cut out
+    of gap g2 (link seconds), ``extra`` = what s_{g-1}'s block sends them (link seconds), and
+    ``limit``: the arrays stop at the first load_peak above it (inf: they run to the end)."""
+
+    load_peak: np.ndarray
+    io: np.ndarray
+    extra: np.ndarray
+    limit: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where a bin can end (the gaps ``ends``) and the volume of each it can still take:
+    ``room`` with its inputs over the fast link, ``room_cross`` when what s_{g-1}'s block
+    sends it comes over the slow one (NaN: it cannot end there then)."""
+
+    ends: np.ndarray
+    room: np.ndarray
+    room_cross: np.ndarray
+
+
+def _reach(ch: Chain, g: int, limit: float) -> Reach:
+    """:class:`Reach` of gap g, vectorised: prefix sums for the volume, a running maximum for
+    the peak, and per tensor the bin end from which it is received (its first separator
+    consumer at or after s_g, when its producer is before s_g) or no longer sent (its last
+    separator consumer, when its producer is in the bin)."""
+    m = ch.m
+    n = m - g  # ends g + 1 .. m
+    vol = np.cumsum(ch.size_a[g:m])
+    vol[1:] += np.cumsum(ch.fluid_a[g + 1 : m])
+    load_peak = vol + np.maximum.accumulate(ch.act_a[g:m])
+    stop = int(np.searchsorted(load_peak, limit, side="right")) + 1
+    if stop < n:
+        n, load_peak = stop, load_peak[:stop]
+    own = ch.t_prod >= g  # produced in the bin: sent while a consumer is past its end
+    sent = np.bincount(ch.t_prod[own] - g, ch.t_sec[own], minlength=m - g)
+    sent -= np.bincount(ch.t_last[own] - g, ch.t_sec[own], minlength=m - g)
+    io_out = np.maximum(np.cumsum(sent[:n]), 0.0)
+    live = (ch.p_prod < g) & (ch.p_cons >= g)  # pairs sorted by consumer: the first is the least
+    _, first = np.unique(ch.p_tensor[live], return_index=True)
+    cons, sec, prod = ch.p_cons[live][first], ch.p_sec[live][first], ch.p_prod[live][first]
+    head = ch.cut_a[g] if g > 0 else 0.0
+    io_in = head + np.cumsum(np.bincount(cons - g, sec, minlength=m - g)[:n])
+    back = prod == g - 1  # produced by s_{g-1}: sent by the block just before
+    extra = head + np.cumsum(np.bincount(cons[back] - g, sec[back], minlength=m - g)[:n])
+    io = io_in + io_out + ch.cut_a[g + 1 : g + 1 + n]
+    return Reach(load_peak, io, extra, limit if n < m - g else math.inf)
+
+
+def bin_profile_arrays(
+    ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float = 0.0
+) -> Profile:
+    """A bin starting in gap g with ``rest`` of that gap's volume, at capacity ``cap``: the
+    gaps it can end in and the volume of each it can still take (:class:`Profile`). The
+    reach of gap g is computed once per chain (and again only for a larger capacity)."""
+    reach = ch.reach.get(g)
+    if reach is None or cap - rest > reach.limit:
+        reach = _reach(ch, g, 2.0 * cap)
+        ch.reach[g] = reach
+    stop = int(np.searchsorted(reach.load_peak, cap - rest, side="right"))
+    base = cap - rest - reach.load_peak[:stop] - Bm * reach.io[:stop]
+    ok = np.flatnonzero(base >= 0)
+    ends, base = ok + g + 1, base[ok]
+    room = _rooms(ch, ends, base)
+    extra = extra_rate * reach.extra[ok]
+    if extra_rate == 0:
+        return Profile(ends, room, room)
+    crossed = base - Bm * extra
+    cross = np.where(crossed >= 0, _rooms(ch, ends, np.maximum(crossed, 0.0)), np.nan)
+    return Profile(ends, room, np.where(extra == 0, room, cross))
+
+
 def bin_profile(
     ch: Chain, g: int, rest: float, cap: float, Bm: float, extra_rate: float = 0.0
 ) -> list:
-    """A bin starting in gap g with ``rest`` of that gap's volume: for every gap g2 it can end
-    in, ``(g2, y, y_cross)``, the volume of gap g2 it can still take when its inputs came over
-    a fast link, and (None when it cannot end there) when what s_{g-1}'s block sends it came
-    over the slow one (``extra_rate``: seconds added per second of fast link time)."""
-    size, act, fluid, m = ch.size, ch.act, ch.fluid, ch.m
-    out = []
-    load, peak, io_out = rest, 0.0, 0.0
-    io_in = ch.cut[g] if g > 0 else 0.0  # s_{g-1} is in an earlier bin
-    extra = extra_rate * io_in  # the gap cut comes from s_{g-1}'s block
-    seen: set[int] = set()
-    for g2 in range(g + 1, m + 1):
-        j = g2 - 1
-        load += size[j] + (fluid[j] if j > g else 0.0)
-        peak = max(peak, act[j])
-        if load + peak > cap:
-            break
-        for t, p, sec in ch.ins[j]:
-            if p < g and t not in seen:
-                seen.add(t)
-                io_in += sec
-                if p == g - 1:  # produced by s_{g-1}, in the block just before
-                    extra += extra_rate * sec
-        for last, sec in ch.outs[j]:
-            if last > j:
-                io_out += sec
-        for p, sec in ch.ends[j]:
-            if g <= p < j:
-                io_out -= sec
-        cut_out = ch.cut[g2] if g2 < m else 0.0
-        base = cap - load - peak - Bm * (io_in + max(0.0, io_out) + cut_out)
-        if base < 0:
-            continue
-        y = _room(ch, g2, base)
-        y_cross = (
-            y if extra == 0 else (_room(ch, g2, base - Bm * extra) if base >= Bm * extra else None)
-        )
-        out.append((g2, y, y_cross))
-    return out
+    """:func:`bin_profile_arrays` as ``(g2, y, y_cross)`` per gap g2 it can end in
+    (``y_cross`` None when it cannot end there with its input over the slow link)."""
+    p = bin_profile_arrays(ch, g, rest, cap, Bm, extra_rate)
+    return [
+        (g2, y, None if math.isnan(yc) else yc)
+        for g2, y, yc in zip(p.ends.tolist(), p.room.tolist(), p.room_cross.tolist(), strict=True)
+    ]
 
 
-def _room(ch: Chain, g2: int, y: float) -> float:
-    """The volume of gap g2 a bin with ``y`` left can take: whole nodes of the gap, a subset
-    of its items (its subset sums), at most the gap's fluid part."""
-    sums = ch.sums[g2]
-    y = min(y, float(sums[np.searchsorted(sums, y, side="right") - 1]) + ch.small[g2])
-    return min(y, ch.fluid[g2])
+def _rooms(ch: Chain, ends: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The volume of each gap g2 in ``ends`` a bin with ``y`` left can take: whole nodes of
+    the gap (the largest subset sum of its items at most y, plus its small part), at most the
+    gap's fluid part. One search over every gap's sums at once, keyed ``g2 + sum / scale``
+    (each gap's keys in [g2, g2 + 1/2]); the key is searched a few ulps high, so the sum found
+    is never below the exact one (at most ~1e-12 of the largest sum above it, which only
+    gives the bin more room: the program stays a relaxation)."""
+    if len(ends) == 0:
+        return y
+    top = ch.sums_top[ends]
+    q = ends + np.minimum(y, top) / ch.sums_scale
+    q += ch.key_slack
+    pick = ch.sums_flat[np.searchsorted(ch.sums_keys, q, side="right") - 1]
+    return np.minimum(np.minimum(y, pick + ch.small_a[ends]), ch.fluid_a[ends])
 
 
 def _expand(ch, g: int, i: int, rest: float, cap: float, Bm: float, best_i, best_x) -> None:
     """Bin i + 1 starting in gap g with ``rest`` of its volume: update every gap it can end in."""
-    for g2, y, _ in bin_profile(ch, g, rest, cap, Bm):
-        if i + 1 < best_i[g2] or (i + 1 == best_i[g2] and y > best_x[g2]):
-            best_i[g2], best_x[g2] = i + 1, y
+    p = bin_profile_arrays(ch, g, rest, cap, Bm)
+    better = (i + 1 < best_i[p.ends]) | ((i + 1 == best_i[p.ends]) & (p.room > best_x[p.ends]))
+    best_i[p.ends[better]] = i + 1
+    best_x[p.ends[better]] = p.room[better]
 
 
 def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
@@ -216,15 +298,15 @@ def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
     if cap <= 0:
         return 0  # no claim at a zero capacity (the bound starts above it)
     m = ch.m
-    best_i = [math.inf] * (m + 1)
-    best_x = [-1.0] * (m + 1)
+    best_i = np.full(m + 1, math.inf)
+    best_x = np.full(m + 1, -1.0)
     best_i[0], best_x[0] = 0, 0.0
     fluid = ch.fluid
     finish = math.inf
     for g in range(m + 1):
         if best_i[g] >= min(k + 1, finish):
             continue
-        rest0 = fluid[g] - best_x[g]
+        rest0 = fluid[g] - float(best_x[g])
         if g == m:
             extra = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 else 0  # rounded to fit
             finish = min(finish, best_i[g] + extra)
@@ -232,7 +314,7 @@ def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
         # bins holding only gap g's divisible volume may come first: r of them
         r_max = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 and cap > 0 else 0
         for r in range(r_max + 1):
-            i = best_i[g] + r
+            i = int(best_i[g]) + r
             if i >= min(k, finish):
                 break
             _expand(ch, g, i, max(0.0, rest0 - r * cap), cap, Bm, best_i, best_x)
