@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
-from solver.core.training import TrainingCost, TrainingSpec
+from solver.core.graph import Graph
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,143 @@ def simulate_training(cost: TrainingCost) -> ScheduleRun:
         static=np.array([s.memory - s.inflight * s.stash for s in st]),
         stash=np.array([s.stash for s in st]),
     )
+
+
+@dataclass(frozen=True)
+class StageCheck:
+    """One stage, the model next to the simulation: in-flight microbatches and memory (bytes)."""
+
+    stage: int
+    block: int
+    busy_fraction: float  # busy time / makespan
+    inflight_model: float
+    inflight_simulated: float
+    memory_model: float
+    memory_simulated: float | None
+    capacity: float | None
+
+    def to_dict(self) -> dict:
+        return {
+            "stage": self.stage,
+            "block": self.block,
+            "busy_fraction": self.busy_fraction,
+            "inflight_model": self.inflight_model,
+            "inflight_simulated": self.inflight_simulated,
+            "memory_model_bytes": self.memory_model,
+            "memory_simulated_bytes": self.memory_simulated,
+            "capacity_bytes": self.capacity,
+        }
+
+
+@dataclass(frozen=True)
+class MakespanRelation:
+    """How the simulated makespan relates to the model's T (docs/training.md, "How the
+    makespan relates to T"): the bounds that hold for this plan and the rule in words."""
+
+    lower: float  # makespan >= this, every schedule: max(sum t_i, max_s sum_{i<s} t_i / v + m t_s)
+    upper: float | None  # makespan <= this (1F1B: (m + p - 1) max t; GPipe: its exact value)
+    exact: float | None  # GPipe: (sum F + (m - 1) max F) + (sum B + (m - 1) max B)
+    rule: str
+
+    def to_dict(self) -> dict:
+        return {"lower": self.lower, "upper": self.upper, "exact": self.exact, "rule": self.rule}
+
+
+@dataclass(frozen=True)
+class TrainingSimulation:
+    """A training plan's schedule simulated, next to its model: makespan vs T, each stage's
+    simulated peak in-flight count and memory vs the model's."""
+
+    graph: str
+    cost: TrainingCost
+    run: ScheduleRun
+    stages: tuple[StageCheck, ...]
+    relation: MakespanRelation
+
+    @property
+    def makespan(self) -> float:
+        return self.run.makespan
+
+    @property
+    def iteration_time(self) -> float:
+        return self.cost.iteration_time
+
+    @property
+    def ratio(self) -> float | None:
+        """makespan / T (None for T = 0)."""
+        return self.makespan / self.iteration_time if self.iteration_time > 0 else None
+
+    @property
+    def valid(self) -> bool:
+        return self.cost.valid
+
+    def to_dict(self) -> dict:
+        return self.run.to_dict() | {
+            "graph": self.graph,
+            "iteration_time": self.iteration_time,
+            "makespan_over_iteration_time": self.ratio,
+            "relation": self.relation.to_dict(),
+            "valid": self.valid,
+            "violations": list(self.cost.violations),
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+MAKESPAN_RULES = {
+    "gpipe": "GPipe: makespan = (sum F + (m - 1) max F) + (sum B + (m - 1) max B) >= T, equal "
+    "when one stage has both the largest F and the largest B",
+    "1f1b": "1F1B: makespan <= (m + p - 1) max t, = T when every stage has the same t; "
+    "otherwise T may be above or below it",
+    "interleaved": "interleaved: makespan = T when all F_i are equal and all B_i are equal "
+    "(tested); makespan >= the lower bound always; otherwise T is a model",
+}
+
+
+def simulate_training_plan(
+    g: Graph,
+    cluster: Cluster,
+    assignment: np.ndarray,
+    spec: TrainingSpec,
+    placement: np.ndarray | None = None,
+) -> TrainingSimulation:
+    """Price the plan with the training model, run its schedule and compare the two."""
+    cost = training_cost(g, cluster, assignment, spec, placement=placement)
+    run = simulate_training(cost)
+    span = run.makespan if run.makespan > 0 else 1.0
+    stages = tuple(
+        StageCheck(
+            stage=s.stage,
+            block=s.block,
+            busy_fraction=r.busy / span,
+            inflight_model=s.inflight,
+            inflight_simulated=r.peak_inflight,
+            memory_model=s.memory,
+            memory_simulated=r.peak_memory,
+            capacity=s.capacity,
+        )
+        for s, r in zip(cost.stages, run.stages, strict=True)
+    )
+    return TrainingSimulation(g.name, cost, run, stages, makespan_relation(cost))
+
+
+def makespan_relation(cost: TrainingCost) -> MakespanRelation:
+    """The bounds on the makespan that docs/training.md proves, for this plan."""
+    spec = cost.spec
+    F = np.array([s.forward for s in cost.stages])
+    B = np.array([s.backward for s in cost.stages])
+    t = F + B
+    if not len(t):
+        return MakespanRelation(0.0, 0.0, None, MAKESPAN_RULES[spec.schedule])
+    m, v = spec.microbatches, spec.virtual_stages
+    before = np.concatenate([[0.0], np.cumsum(t)[:-1]]) / v
+    lower = max(float(t.sum()), float((before + m * t).max()))
+    exact = upper = None
+    if spec.schedule == "gpipe":
+        exact = float(F.sum() + (m - 1) * F.max() + B.sum() + (m - 1) * B.max())
+        upper = exact
+    elif spec.schedule == "1f1b":
+        upper = float((m + len(t) - 1) * t.max())
+    return MakespanRelation(lower, upper, exact, MAKESPAN_RULES[spec.schedule])
 
 
 def _timed(F, B, spec: TrainingSpec, orders: list[list[_Step]]) -> list[Task]:

@@ -172,6 +172,7 @@ def add_solve_parser(sub) -> None:
     p.add_argument("--out", "-o", metavar="PLAN.json", help="write the plan here (atomically)")
     _add_search_options(p)
     _add_method_options(p)
+    _add_training_options(p)
     add_graph_options(p)
     add_json(p)
 
@@ -217,6 +218,36 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
         help="a method option, e.g. --set population=50 --set generations=30 (slicegraph), "
         "--set max_ideals=100000 (idealdp), --set keep_best=5 (poprt); valid keys: "
         + "; ".join(f"{m}: {', '.join(o)}" for m, o in METHOD_OPTIONS.items() if o),
+    )
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
+    """mtpp solve's training group: a training plan instead of an inference plan."""
+    t = p.add_argument_group(
+        "training (docs/training.md): the plan's objective is the iteration time T of m "
+        "microbatches forward and backward under the schedule, each stage's training memory "
+        "within the capacity"
+    )
+    t.add_argument(
+        "--schedule",
+        choices=["gpipe", "1f1b", "interleaved"],
+        help="plan training under this pipeline schedule (default: an inference plan)",
+    )
+    t.add_argument(
+        "--microbatches", type=int, metavar="M", help="microbatches per iteration (default 1)"
+    )
+    t.add_argument(
+        "--virtual-stages",
+        type=int,
+        metavar="V",
+        help="interleaved: model chunks per device (default 1)",
+    )
+    t.add_argument(
+        "--optimizer-state",
+        type=float,
+        metavar="FACTOR",
+        help="bytes of training state per byte of weights: weights, gradients, optimizer state "
+        "(default 4, fp32 Adam)",
     )
 
 

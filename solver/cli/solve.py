@@ -25,6 +25,7 @@ from solver.cli.progress import SolveProgress
 from solver.core.errors import MtppError
 from solver.core.files import check_output_file
 from solver.core.text import CONTROL_CHARS, esc
+from solver.core.training import TrainingSpec
 from solver.core.units import format_bytes
 from solver.frontends.onnx.modules import read_layout
 from solver.joint.plan import JointPlan, save_joint_plan
@@ -72,12 +73,13 @@ def print_plan(
     if within:
         con.print(f"(optimal within the rounding resolution {fmt(within)} s)")
     con.print(
-        f"objective (max f) {fmt(plan.objective)} s  lower bound {fmt(lb)} s  "
+        f"objective ({objective_name(plan)}) {fmt(plan.objective)} s  lower bound {fmt(lb)} s  "
         f"gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
     bound = plan.stats.get("bound")
     if isinstance(bound, dict) and bound.get("binding"):
-        con.print(f"binding lower bound: {esc(bound['binding'])} (docs/bounds.md)")
+        docs = "docs/bounds.md" if plan.training is None else "docs/training.md"
+        con.print(f"binding lower bound: {esc(bound['binding'])} ({docs})")
     tie = plan.stats.get("tie_break")
     if isinstance(tie, dict) and tie.get("summary"):
         con.print(esc(tie["summary"]))
@@ -87,17 +89,86 @@ def print_plan(
             f"{fmt(claim['claimed_lower_bound'])} s"
         )
         con.print(f"claim: {esc(claim['claim'])}")
-    con.print(
-        f"throughput {fmt(plan.evaluation.throughput)} requests/s  latency "
-        f"{fmt(plan.evaluation.latency)} s  solve time {plan.wall_seconds:.2f} s"
-    )
-    con.print(block_table(plan))
-    con.print("(* = bottleneck block; a..b = empty blocks)")
+    if plan.training is not None:
+        print_training(con, plan)
+    else:
+        con.print(
+            f"throughput {fmt(plan.evaluation.throughput)} requests/s  latency "
+            f"{fmt(plan.evaluation.latency)} s  solve time {plan.wall_seconds:.2f} s"
+        )
+        con.print(block_table(plan))
+        con.print("(* = bottleneck block; a..b = empty blocks)")
     for v in violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")
 
 
 _print_plan = print_plan  # the name tests/test_cli.py imports
+
+
+def objective_name(plan: Plan) -> str:
+    """What the objective of ``plan`` is, in words."""
+    tc = plan.training
+    if tc is None:
+        return "max f"
+    v = f", v = {tc.spec.virtual_stages}" if tc.spec.virtual_stages > 1 else ""
+    return f"iteration time T, {tc.spec.schedule}, m = {tc.spec.microbatches}{v}"
+
+
+def print_training(con, plan: Plan) -> None:
+    """A training plan's stages (F, B, t, memory within capacity, microbatches in flight) and
+    how the practitioners' splits and other plans tried compare."""
+    from rich import box
+    from rich.table import Table
+
+    tc = plan.training
+    con.print(
+        f"slowest stage t {fmt(tc.max_stage_time)} s  state factor "
+        f"{tc.spec.optimizer_state:g}  solve time {plan.wall_seconds:.2f} s"
+    )
+    stages = tc.stages
+    tu = ColumnUnit([x for s in stages for x in (s.forward, s.backward, s.time)], TIME_UNITS)
+    caps = [s.capacity for s in stages if s.capacity is not None]
+    bu = ColumnUnit([s.memory for s in stages] + caps, BYTE_UNITS)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("stage", "block", "nodes"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for name in ("F", "B", "t"):
+        t.add_column(f"{name}\n{tu.name}", justify="right", no_wrap=True)
+    t.add_column(f"memory\n{bu.name}", justify="right", no_wrap=True)
+    t.add_column(f"capacity\n{bu.name}", justify="right", no_wrap=True)
+    t.add_column("in\nflight", justify="right", no_wrap=True)
+    for s in stages:
+        t.add_row(
+            f"{s.stage}{' *' if s.time == tc.max_stage_time else ''}",
+            str(s.block),
+            str(s.nodes),
+            *[tu.cell(x) for x in (s.forward, s.backward, s.time)],
+            bu.cell(s.memory),
+            "-" if s.capacity is None else bu.cell(s.capacity),
+            f"{s.inflight:g}",
+        )
+    con.print(t)
+    con.print("(* = slowest stage; t = F + B; memory = state x params + peak + in flight x stash)")
+    tried = plan.stats.get("training_solve", {}).get("tried", {})
+    splits = [
+        f"{esc(name)} {_versus(row, plan.objective)}"
+        for name, row in tried.items()
+        if name in PRACTITIONER_SPLITS
+    ]
+    if splits:
+        con.print("practitioners' splits: " + "; ".join(splits))
+
+
+PRACTITIONER_SPLITS = ("uniform", "fewer-at-ends", "by-parameters")
+
+
+def _versus(row: dict, objective: float) -> str:
+    """A plan tried, against the plan found: its T and the ratio, or why it is not valid."""
+    if not row.get("valid"):
+        return "does not fit the memory"
+    T = row["iteration_time"]
+    return f"T {fmt(T)} s ({T / objective:.3f}x)" if objective > 0 else f"T {fmt(T)} s"
+
 
 TIME_COLUMNS = (("work", "work"), ("io in", "io_in"), ("io out", "io_out"))
 TIME_COLUMNS += (("overflow", "overflow"), ("f(S)", "f"))
@@ -198,6 +269,46 @@ def solve_options(args: argparse.Namespace) -> SolveOptions:
         gap=args.gap,
         progress=not args.quiet,  # on stderr: with --json, stdout holds only the JSON
         extra=extra,
+        training=training_spec(args),
+    )
+
+
+TRAINING_FLAGS = (
+    ("--microbatches", "microbatches"),
+    ("--virtual-stages", "virtual_stages"),
+    ("--optimizer-state", "optimizer_state"),
+)
+
+
+def training_spec(args: argparse.Namespace) -> TrainingSpec | None:
+    """The training spec of ``--schedule`` and its options (None: an inference plan); each
+    option that does not apply is refused in one line."""
+    if args.schedule is None:
+        given = next((flag for flag, key in TRAINING_FLAGS if getattr(args, key) is not None), None)
+        if given is not None:
+            raise MtppError(
+                f"{given} applies to training plans; add --schedule gpipe|1f1b|interleaved"
+            )
+        return None
+    if args.method == api.JOINT:
+        raise MtppError(
+            "--schedule applies to pipeline methods, not --method joint (joint training plans "
+            "are not supported yet)"
+        )
+    if args.granularity == LAYER:
+        raise MtppError("--schedule does not apply with --granularity layer yet; drop one of them")
+    if args.virtual_stages is not None and args.schedule != "interleaved":
+        raise MtppError(f"--virtual-stages applies to --schedule interleaved, not {args.schedule}")
+    default = TrainingSpec()
+    return TrainingSpec(
+        schedule=args.schedule,
+        microbatches=default.microbatches if args.microbatches is None else args.microbatches,
+        virtual_stages=default.virtual_stages
+        if args.virtual_stages is None
+        else args.virtual_stages,
+        optimizer_state=(
+            default.optimizer_state if args.optimizer_state is None else args.optimizer_state
+        ),
     )
 
 
@@ -236,7 +347,7 @@ def _solve_pipeline(args: argparse.Namespace, opts: SolveOptions) -> Plan:
         else:
             plan = api.solve(api.Problem(graph=g, cluster=cluster), args.method, opts)
     if plan is None:
-        raise MtppError(infeasible_message(g, cluster))
+        raise MtppError(infeasible_message(g, cluster, opts.training))
     return plan
 
 
@@ -280,11 +391,18 @@ def restriction_line(granularity: dict) -> str:
     )
 
 
-def infeasible_message(g, cluster) -> str:
+def infeasible_message(g, cluster, training: TrainingSpec | None = None) -> str:
     """Why no plan exists: name the memory that does not fit."""
     cap = cluster.capacity
     need = g.param_bytes_total
     text = f"proven: no valid plan of {g.name!r} exists on {cluster.devices} device(s)"
+    if training is not None:
+        return (
+            f"proven: no training plan of {g.name!r} fits the memory of {cluster.devices} "
+            f"device(s) with {training.schedule}, m = {training.microbatches} (state x params "
+            "+ peak + in-flight x stash per stage); use more devices, fewer microbatches, "
+            "another schedule or a smaller --optimizer-state"
+        )
     if cap is not None:
         text += (
             f"; the device capacity {format_bytes(cap)} cannot hold the parameters "
