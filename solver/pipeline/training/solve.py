@@ -25,32 +25,34 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
-from solver.core.training import TrainingCost, TrainingSpec, training_cost, training_lower_bound
-from solver.pipeline.bounds import certified_lower_bound, topology
+from solver.core.training import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first
 from solver.pipeline.heuristics.baselines import contiguous_split
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 from solver.pipeline.runners import WARM_START_SHARE, quick_assignment
 from solver.pipeline.topology import run_method
+from solver.pipeline.training.certificate import (
+    BOUND_MAX_SECONDS,
+    BOUND_SHARE,
+    Certificate,
+    certified_training_bound,
+)
 from solver.pipeline.training.exact import (
     TrainingDPDoesNotApply,
     exact_training_plan,
 )
 from solver.pipeline.training.splits import practitioner_splits
 
-BOUND_SHARE = 0.15  # of the time limit for the certified bottleneck bound (as registry's)
-BOUND_MAX_SECONDS = 10.0
 DP_SHARE = 0.5  # of what is left for the exact training DP when CP-SAT may follow
 # the names of the bounds (stats["bound"]["binding"])
-ANALYTIC = "training average/neighbourhood bound"
 DP_BOUND = "training ideal DP"
 CPSAT_BOUND = "cpsat"
 ONE_BLOCK = "one block: every device tried"
@@ -66,25 +68,6 @@ class Candidate:
     placement: np.ndarray | None = None
 
 
-@dataclass
-class Certificate:
-    """Every proven lower bound on T (name -> seconds), the rounding resolution of an exact
-    model's proof that covers the final plan (0: none), and notes on what did not run."""
-
-    bounds: dict[str, float] = field(default_factory=dict)
-    resolution: float = 0.0
-    notes: dict[str, str] = field(default_factory=dict)
-    infeasible: bool = False  # proven: no plan fits the memory
-
-    @property
-    def binding(self) -> str:
-        return max(self.bounds, key=lambda name: self.bounds[name])
-
-    @property
-    def value(self) -> float:
-        return max(self.bounds.values(), default=0.0)
-
-
 def solve_training(g: Graph, cluster: Cluster, method: str, fn, opts: SolveOptions) -> Plan | None:
     """The training plan of ``method`` (``fn``, its runner) for ``opts.training``; None when
     it is proven that no plan fits the training memory (module docstring)."""
@@ -94,7 +77,8 @@ def solve_training(g: Graph, cluster: Cluster, method: str, fn, opts: SolveOptio
     k = min(cluster.devices, cg.n)
     if k == 1 and method != "manual":
         return _one_block(g, cluster, method, spec, t0)
-    cert = _certified_bound(g, cluster, k, spec, opts.time_limit)
+    seconds = min(BOUND_MAX_SECONDS, BOUND_SHARE * opts.time_limit)
+    cert = certified_training_bound(g, cluster, k, spec, seconds)
     if method != "cpsat":
         return _method_plan(g, cluster, k, method, fn, opts, cert, t0)
     starts = _warm_starts(g, cluster, k, spec, opts)
@@ -126,33 +110,6 @@ def _one_block(
         return None
     cert = Certificate({ONE_BLOCK: best.cost.iteration_time})
     return _finish(g, cluster, method, best, cert, priced, t0)
-
-
-def _certified_bound(
-    g: Graph, cluster: Cluster, k: int, spec: TrainingSpec, time_limit: float
-) -> Certificate:
-    """The analytic bound on T with the certified bottleneck bound as its max-term floor.
-    That bound speaks of plans whose blocks fit params + peak <= C, which every valid training
-    plan meets when the state factor is >= 1; below 1 it is not used."""
-    seconds = min(BOUND_MAX_SECONDS, BOUND_SHARE * time_limit)
-    cert = Certificate()
-    max_f = 0.0
-    if spec.optimizer_state >= 1:
-        rep = (
-            certified_lower_bound(g, cluster, time_limit=seconds)
-            if cluster.homogeneous
-            else topology.topology_bound(g, cluster, seconds)
-        )
-        if rep.infeasible:
-            cert.infeasible = True
-            cert.notes["bottleneck bound"] = "no block of any plan fits params + peak"
-            return cert
-        max_f = rep.value
-        cert.notes["bottleneck bound"] = f"{rep.binding}: max f >= {rep.value:.6g} s"
-    else:
-        cert.notes["bottleneck bound"] = "not used: the state factor is below 1"
-    cert.bounds[ANALYTIC] = training_lower_bound(g, cluster, k, spec, max_f_bound=max_f)
-    return cert
 
 
 def _method_plan(
