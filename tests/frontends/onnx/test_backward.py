@@ -3,12 +3,14 @@ table of solver.frontends.onnx.backward, on small models with exact expected num
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from models import llama
 from solver.core.graph import Graph
 from solver.frontends import load_graph, native
 from solver.frontends.onnx.backward import (
@@ -168,3 +170,31 @@ def test_measured_work_keeps_the_factor_of_the_table():
     assert timed.stash.tolist() == [4.0, 0.0, 0.0]
     plain = Graph.build(["a"], [1.0], [4.0], np.zeros((0, 2), dtype=np.int64))
     assert rescaled_backward(plain, plain.with_work(np.array([2.0]))).work_backward is None
+
+
+def test_a_llama_layer_keeps_the_documented_bytes(tmp_path):
+    """docs/training.md: sbh (28 + 10 f / h) + 2 a s^2 b bytes per layer (fp16), plus the
+    per-row statistics of each RMSNorm (2 s b bytes twice), the token ids and the final norm."""
+    shape = llama.LlamaShape(layers=2, hidden=64, mlp=160, heads=4, kv_heads=4, vocab=128, seq=16)
+    g = load_graph(llama.write(shape, tmp_path / "llama.onnx"), training_costs=True)
+    s, b, h, f, a = shape.seq, shape.batch, shape.hidden, shape.mlp, shape.heads
+    sbh = s * b * h
+    layer = sbh * 28 + 10 * s * b * f + 2 * a * s * s * b + 2 * (2 * 2 * s * b)
+    final_norm = 6 * sbh + 2 * 2 * s * b
+    assert g.stash.sum() == shape.layers * layer + 8 * s * b + final_norm
+    matmuls = [i for i, op in enumerate(g.op_types) if op == "MatMul"]
+    assert np.allclose(g.work_backward[matmuls], 2 * g.work[matmuls])
+
+
+def test_the_docs_table_lists_every_rule():
+    """Every operator of the table in docs/training.md has the factor of RULES, and back."""
+    text = (Path(__file__).parents[3] / "docs" / "training.md").read_text()
+    section = text.split("## Backward costs of ONNX operators")[1].split("\n\n**")[0]
+    listed: dict[str, float] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("operators", "---"):
+            continue
+        factor = float(Fraction(cells[1].split()[0]))
+        listed.update(dict.fromkeys(cells[0].split(", "), factor))
+    assert listed == {op: rule.factor for op, rule in RULES.items()}
