@@ -470,3 +470,51 @@ def print_joint_plan(plan, con=None) -> None:
 # the writer and the printer of each kind of plan mtpp solve makes
 SAVE = {Plan: save_plan, JointPlan: save_joint_plan}
 PRINT = {Plan: print_pipeline_plan, JointPlan: print_joint_plan}
+
+
+def print_training_simulation(con, ts, cluster, gantt: str | None = None) -> None:
+    """A training plan's simulated schedule (:class:`solver.backends.schedule.
+    TrainingSimulation`) next to its model: makespan vs T, and per stage the busy fraction,
+    the peak in-flight count and memory, simulated vs the model's."""
+    from rich import box
+    from rich.table import Table
+
+    spec = ts.cost.spec
+    v = f", v = {spec.virtual_stages}" if spec.virtual_stages > 1 else ""
+    con.print(
+        f"[bold]training schedule[/bold]: graph {esc(ts.graph)}, {spec.schedule}, "
+        f"m = {spec.microbatches}{v}"
+    )
+    print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", cluster.summary()))
+    ratio = "-" if ts.ratio is None else f"{ts.ratio:.4f}"
+    con.print(
+        f"makespan {fmt(ts.makespan)} s  model T {fmt(ts.iteration_time)} s  "
+        f"makespan / T {ratio}  valid {ts.valid}"
+    )
+    rel = ts.relation
+    upper = "" if rel.upper is None else f", <= {fmt(rel.upper)} s"
+    con.print(f"proven here: makespan >= {fmt(rel.lower)} s{upper}")
+    con.print(esc(rel.rule))
+    mems = [s.memory_model for s in ts.stages] + [s.memory_simulated or 0.0 for s in ts.stages]
+    bu = ColumnUnit(mems, BYTE_UNITS)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("stage", "block", "busy", "in flight\nsimulated", "in flight\nmodel"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for name in ("memory\nsimulated", "memory\nmodel", "capacity"):
+        t.add_column(f"{name}\n{bu.name}", justify="right", no_wrap=True)
+    for s in ts.stages:
+        t.add_row(
+            str(s.stage),
+            str(s.block),
+            f"{100 * s.busy_fraction:.1f}%",
+            f"{s.inflight_simulated:g}",
+            f"{s.inflight_model:g}",
+            "-" if s.memory_simulated is None else bu.cell(s.memory_simulated),
+            bu.cell(s.memory_model),
+            "-" if s.capacity is None else bu.cell(s.capacity),
+        )
+    con.print(t)
+    for violation in ts.cost.violations:
+        con.print(f"[red]invalid:[/red] {esc(violation)}")
+    if gantt is not None:
+        con.print(f"Gantt chart written to {esc(gantt)}")
