@@ -33,16 +33,11 @@ from solver.core.outdir import replace_dir, temp_dir_beside
 from solver.frontends.onnx.ort import check_memory
 from solver.joint.stages import StageProgram, stage_model, stage_programs
 from solver.joint.submesh import sub_cluster
-from solver.spmd.config import (
-    ATTRIBUTE,
-    annotate,
-    attributes_to_metadata,
-    dump_yaml,
-    from_attributes,
-)
+from solver.spmd.config import annotate, dump_yaml, from_attributes
 from solver.spmd.model import ShardModel, load_model
 from solver.spmd.program import Planner, evaluate
 from solver.spmd.report import plan_dict
+from solver.spmd.strategy import ATTRIBUTE, attributes_to_metadata
 
 STAGE_DIR = "stage_{}"
 

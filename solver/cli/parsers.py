@@ -531,6 +531,7 @@ examples:
   mtpp shard ffn.onnx --devices 8 --config ffn.yaml   # "dense1.matmul: [[2, 1], [1, 4]]"
   mtpp shard model.onnx --devices 8 --method cpsat --memory 1GB --time-limit 60
   mtpp shard model.onnx --devices 8 --mesh 2x4 --verify --json
+  mtpp shard model.onnx --devices 4 --method cpsat --training --verify
   mtpp shard model.onnx --devices 8 --config s.yaml --out plan/
       (writes strategies.yaml, plan.json, annotated.onnx)
 
@@ -574,6 +575,19 @@ def add_shard_parser(sub) -> None:
         "--cluster", metavar="PRESET|FILE", help="cluster preset or YAML (compute, link)"
     )
     p.add_argument("--memory", metavar="SIZE", help="memory per device, e.g. 16GiB")
+    p.add_argument(
+        "--training",
+        action="store_true",
+        help="plan a training step: each strategy's backward, gradient synchronisation "
+        "(AllReduce or ZeRO-1) and training memory (docs/training.md)",
+    )
+    p.add_argument(
+        "--optimizer-state",
+        type=float,
+        metavar="FACTOR",
+        help="with --training: bytes of training state per byte of weights: weights, "
+        "gradients, optimizer state (default 4, fp32 Adam)",
+    )
     p.add_argument(
         "--dim", action="append", default=[], metavar="NAME=VALUE", help="fix a dynamic dim"
     )

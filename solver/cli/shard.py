@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from solver.backends.export_spmd import write_out
+from solver.backends.spmd_execute import verify_backward
 from solver.backends.verify import verify
 from solver.cli.common import console, input_paths, parse_dims, print_json
 from solver.cli.progress import SolveProgress
@@ -17,8 +18,9 @@ from solver.core.options import check_spmd_options
 from solver.core.text import esc
 from solver.core.units import format_bytes, format_time
 from solver.spmd.plan import ShardResult
-from solver.spmd.program import fmt_strategy
 from solver.spmd.solve import solve_sharding
+from solver.spmd.strategy import fmt_strategy
+from solver.spmd.training import TrainingSpec
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
@@ -26,13 +28,16 @@ def cmd_shard(args: argparse.Namespace) -> int:
     if Path(args.model).suffix.lower() != ".onnx":
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
     check_spmd_options(args.time_limit, args.workers, args.seed)
+    training = _training_spec(args)
     if args.out is not None:
         check_output_dir(args.out, input_paths(args), force=args.force, what="--out")
-    res = _solve(args)
+    res = _solve(args, training)
     plan = res.to_dict()
     plan["warnings"] = _replicated_warning(res.planner)
     if args.verify:
         plan["verify"] = verify(res.planner, res.program, seed=args.seed)
+        if training is not None:
+            plan["verify_backward"] = verify_backward(res.planner, res.program, seed=args.seed)
     if args.out is not None:
         write_out(args.out, res.planner.sm, res.strategies, plan)
         plan["out"] = args.out
@@ -43,10 +48,23 @@ def cmd_shard(args: argparse.Namespace) -> int:
     else:
         print_shard(console(), res, plan)
     ok = plan["verify"]["ok"] if args.verify else True
+    if "verify_backward" in plan:
+        ok = ok and plan["verify_backward"]["ok"]
     return 0 if ok else 1
 
 
-def _solve(args: argparse.Namespace) -> ShardResult:
+def _training_spec(args: argparse.Namespace) -> TrainingSpec | None:
+    """--training (with --optimizer-state), or None for an inference plan."""
+    if not args.training:
+        if args.optimizer_state is not None:
+            raise MtppError("--optimizer-state needs --training")
+        return None
+    if args.optimizer_state is None:
+        return TrainingSpec()
+    return TrainingSpec(args.optimizer_state)
+
+
+def _solve(args: argparse.Namespace, training: TrainingSpec | None) -> ShardResult:
     """The sharding search, its progress on stderr for --method cpsat (not with --json)."""
     show = args.method == "cpsat" and not args.json
     with SolveProgress(show, f"shard {Path(args.model).name}") as progress:
@@ -63,6 +81,7 @@ def _solve(args: argparse.Namespace) -> ShardResult:
             workers=args.workers,
             seed=args.seed,
             progress=progress if show else None,
+            training=training,
         )
 
 
@@ -89,6 +108,14 @@ def print_shard(con, res: ShardResult, plan: dict) -> None:
         con.print(f"verify: {'ok' if v['ok'] else 'FAILED'}, max abs diff {v['max_abs_diff']}")
         if not v["ok"]:
             con.print(f"  [red]{esc(v.get('error') or 'an output differs')}[/red]")
+    if "verify_backward" in plan:
+        v = plan["verify_backward"]
+        con.print(
+            f"verify backward: {'ok' if v['ok'] else 'FAILED'}, {v['weights']} weight gradients "
+            f"against numerical ones, max relative error {v['max_rel_error']:.3g}"
+        )
+        if not v["ok"]:
+            con.print(f"  [red]{esc(v.get('error') or 'a gradient differs')}[/red]")
     if "out" in plan:
         con.print(f"wrote {esc(plan['out'])}: strategies.yaml, plan.json, annotated.onnx")
 
@@ -126,6 +153,26 @@ def totals_lines(plan: dict) -> list[str]:
         + (", ".join(f"{k} x{v}" for k, v in plan["collectives"].items()) or "none")
         + f", {format_bytes(plan['comm_bytes_per_device'])} sent per device",
         f"memory per device: {format_bytes(plan['max_memory_per_device'])} "
-        f"(weights {format_bytes(plan['weight_memory_per_device'])}, activation peak "
-        f"{format_bytes(plan['peak_activation_memory_per_device'])})",
+        f"(weights {format_bytes(plan['weight_memory_per_device'])}"
+        + (" with gradients and optimizer state" if "training" in plan else "")
+        + f", activation peak {format_bytes(plan['peak_activation_memory_per_device'])})",
+        *training_lines(plan),
+    ]
+
+
+def training_lines(plan: dict) -> list[str]:
+    """The training terms under the totals (none for an inference plan)."""
+    if "training" not in plan:
+        return []
+    tr = plan["training"]
+    mode = {s["weight"]: s["mode"] for s in tr["gradient_sync"]}
+    modes = list(mode.values())
+    return [
+        f"training: forward {format_time(tr['forward_time'])}, backward compute "
+        f"{format_time(tr['backward_compute_time'])}, backward communication "
+        f"{format_time(tr['backward_communication_time'])}, gradient sync "
+        f"{format_time(tr['gradient_sync_time'])}",
+        f"gradient sync: {modes.count('allreduce')} AllReduce, {modes.count('zero1')} ZeRO-1 "
+        f"(optimizer state sharded), {tr['trainable_weights'] - len(mode)} weights need none; "
+        f"optimizer state factor {tr['optimizer_state']:g}",
     ]

@@ -15,24 +15,9 @@ from pathlib import Path
 from solver.core.errors import MtppError
 from solver.core.files import read_yaml
 from solver.spmd.model import ShardModel
-from solver.spmd.strategy import (  # re-exported: config is where callers have read them
-    ATTRIBUTE,
-    Strategy,
-    attributes_to_metadata,
-    fmt_strategy,
-    parse_strategy,
-)
+from solver.spmd.strategy import ATTRIBUTE, Strategy, fmt_strategy, parse_strategy
 
-__all__ = [
-    "ATTRIBUTE",
-    "Strategy",
-    "annotate",
-    "attributes_to_metadata",
-    "dump_yaml",
-    "from_attributes",
-    "parse_strategy",
-    "read_config",
-]
+__all__ = ["annotate", "dump_yaml", "from_attributes", "read_config"]
 
 
 def _node(sm: ShardModel, name: str, where: str):

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from solver.core.sat import MAX_COEF, new_solver, search_params
-from solver.spmd.mesh import canonical
-from solver.spmd.program import Planner, evaluate
+from solver.spmd.program import Planner, evaluate, last_uses
 from solver.spmd.redistribute import local_bytes
 from solver.spmd.rules import OpSharding, Strategy
 
@@ -91,10 +90,6 @@ class DeadlineReached(Exception):
 def _check(deadline: float | None) -> None:
     if deadline is not None and time.perf_counter() > deadline:
         raise DeadlineReached
-
-
-def _key(sh: OpSharding) -> tuple:
-    return tuple(canonical(x) for x in sh.in_layouts) + tuple(canonical(x) for x in sh.out_layouts)
 
 
 class ShardModel:
@@ -152,12 +147,7 @@ class ShardModel:
                     uses[t].append((v, k))
         self.weights = uses
         # activations alive at each step, as evaluate's _memory counts them
-        last: dict[str, int] = {}
-        for v, op in enumerate(sm.ops):
-            for t in op.data_inputs:
-                last[t] = v
-        for t in sm.outputs:
-            last[t] = n
+        last = last_uses(self.pl)
         self.live: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (producer, pos)
         for u, op in enumerate(sm.ops):
             for pos, t in enumerate(op.outputs):
@@ -175,8 +165,8 @@ class ShardModel:
                 continue
             best: dict[tuple, OpSharding] = {}
             for sh in pl.candidates(i):
-                k = _key(sh)
-                if k not in best or pl.compute_time(i, sh) < pl.compute_time(i, best[k]):
+                k = pl.choice_key(i, sh)
+                if k not in best or pl.unary_time(i, sh) < pl.unary_time(i, best[k]):
                     best[k] = sh
             self.cands.append(list(best.values()))
 
@@ -186,9 +176,7 @@ class ShardModel:
         sm = self.sm
         wmin = {}
         for t, us in self.weights.items():
-            wmin[t] = min(
-                local_bytes(sh.in_layouts[k], sm.itemsize(t)) for v, k in us for sh in self.cands[v]
-            )
+            wmin[t] = min(self.weight_bytes(v, k, sh) for v, k in us for sh in self.cands[v])
         out_min = {}
         for u, op in enumerate(sm.ops):
             for pos, t in enumerate(op.outputs):
@@ -197,6 +185,12 @@ class ShardModel:
                 )
         steps = [sum(out_min[x] for x in self.live[v]) for v in range(len(sm.ops))]
         return wmin, out_min, steps
+
+    def weight_bytes(self, v: int, k: int, sh: OpSharding) -> float:
+        """The bytes per device of weight input k of operator v under ``sh`` (in training with
+        its gradient and optimizer state)."""
+        t = self.sm.ops[v].data_inputs[k]
+        return self.pl.weight_class_bytes(self.pl.weight_class(v, k, sh), t)
 
     def _prune(self) -> None:
         """Drop the choices no plan within the memory limit can make (exact: for each, a lower
@@ -214,7 +208,7 @@ class ShardModel:
             keep = []
             for sh in self.cands[v]:
                 w = total_w + sum(
-                    local_bytes(sh.in_layouts[k], sm.itemsize(t)) - wmin[t]
+                    self.weight_bytes(v, k, sh) - wmin[t]
                     for k, t in enumerate(op.data_inputs)
                     if t in own
                 )
@@ -232,7 +226,7 @@ class ShardModel:
         """Unary times, edge matrices over layout classes, weights, and live activations."""
         pl, sm = self.pl, self.sm
         n = len(sm.ops)
-        self.unary = [[pl.compute_time(i, sh) for sh in self.cands[i]] for i in range(n)]
+        self.unary = [[pl.unary_time(i, sh) for sh in self.cands[i]] for i in range(n)]
         outputs = set(sm.outputs)
         for i, op in enumerate(sm.ops):
             for pos, t in enumerate(op.outputs):
@@ -255,8 +249,8 @@ class ShardModel:
         for v in range(n):
             for u, pos, k in pl.in_edges[v]:
                 t = sm.ops[u].outputs[pos]
-                src = [canonical(sh.out_layouts[pos]) for sh in self.cands[u]]
-                dst = [canonical(sh.in_layouts[k]) for sh in self.cands[v]]
+                src = [pl.out_class(u, pos, sh) for sh in self.cands[u]]
+                dst = [pl.in_class(v, k, sh) for sh in self.cands[v]]
                 a_cls = list(dict.fromkeys(src))
                 b_cls = list(dict.fromkeys(dst))
                 key = (tuple(a_cls), tuple(b_cls), sm.itemsize(t))
@@ -266,9 +260,9 @@ class ShardModel:
                         trow, mrow = [], []
                         for b in b_cls:
                             _check(self.deadline)
-                            r = pl.redistribution(a, b, t)
-                            trow.append(r.time)
-                            mrow.append(local_bytes(b, sm.itemsize(t)) if r.steps else 0.0)
+                            cost = pl.class_edge_cost(a, b, t)
+                            trow.append(cost.time)
+                            mrow.append(cost.copy_bytes)
                         time_m.append(trow)
                         mem_m.append(mrow)
                     cache[key] = (time_m, mem_m)
@@ -298,10 +292,10 @@ class ShardModel:
         big = 1.0
         if self.memory:
             big = max(big, self.limit or 0.0)
-            for t, us in self.weights.items():
+            for us in self.weights.values():
                 for v, k in us:
                     for sh in self.cands[v]:
-                        big = max(big, local_bytes(sh.in_layouts[k], self.sm.itemsize(t)))
+                        big = max(big, self.weight_bytes(v, k, sh))
             for u, op in enumerate(self.sm.ops):
                 for pos, t in enumerate(op.outputs):
                     for sh in self.cands[u]:
@@ -447,30 +441,28 @@ class ShardModel:
         """The weight bytes W as ``w_terms`` (bytes, literal) + ``w_const``: one term per
         layout class of a weight read by several operators (a literal implied by every choice
         that reads it so), per choice of its only reader, none for a single class."""
-        sm = self.sm
         w_terms: list[tuple[int, object]] = []
         w_const = 0
         for t, us in self.weights.items():
             _check(self.deadline)
-            item = sm.itemsize(t)
             classes: dict = {}
             for v, k in us:
                 for s, sh in enumerate(self.cands[v]):
-                    lay = canonical(sh.in_layouts[k])
+                    lay = self.pl.weight_class(v, k, sh)
                     classes.setdefault(lay, []).append(self.x[v][s])
             if len(classes) == 1:
-                w_const += self.b_int(local_bytes(next(iter(classes)), item))
+                w_const += self.b_int(self.pl.weight_class_bytes(next(iter(classes)), t))
                 continue
             if len(us) == 1:
                 v, k = us[0]
                 w_terms += [
-                    (self.b_int(local_bytes(sh.in_layouts[k], item)), self.x[v][s])
+                    (self.b_int(self.weight_bytes(v, k, sh)), self.x[v][s])
                     for s, sh in enumerate(self.cands[v])
                 ]
                 continue
             for lay, xs in classes.items():
                 fixed = [x for x in xs if isinstance(x, int)]
-                nbytes = self.b_int(local_bytes(lay, item))
+                nbytes = self.b_int(self.pl.weight_class_bytes(lay, t))
                 if fixed:
                     w_const += nbytes
                     continue
@@ -479,7 +471,7 @@ class ShardModel:
                     self.m.AddImplication(x, y)
                 w_terms.append((nbytes, y))
                 chosen = {(v, s) for v, k in us for s, sh in enumerate(self.cands[v])
-                          if canonical(sh.in_layouts[k]) == lay}  # fmt: skip
+                          if self.pl.weight_class(v, k, sh) == lay}  # fmt: skip
                 self.aux.append((y, lambda ch, ch0=chosen: int(any(ch[v] == s for v, s in ch0))))
         self.w_terms, self.w_const = w_terms, w_const
 
@@ -518,8 +510,10 @@ class ShardModel:
         """Candidate index per operator for a complete plan, None if one is not a choice."""
         out = []
         for i, op in enumerate(self.sm.ops):
-            k = _key(self.pl.sharding(i, strategies[op.name]))
-            idx = next((s for s, sh in enumerate(self.cands[i]) if _key(sh) == k), None)
+            k = self.pl.choice_key(i, self.pl.sharding(i, strategies[op.name]))
+            idx = next(
+                (s for s, sh in enumerate(self.cands[i]) if self.pl.choice_key(i, sh) == k), None
+            )
             if idx is None:
                 return None
             out.append(idx)

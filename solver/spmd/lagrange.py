@@ -49,7 +49,6 @@ from solver.spmd.budget import (
 )
 from solver.spmd.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.spmd.program import Planner, evaluate
-from solver.spmd.redistribute import local_bytes
 from solver.spmd.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
@@ -93,12 +92,11 @@ class _Problem:
                 key, m = ((u, v), mat) if u < v else ((v, u), mat.T)
                 self.pairs[key] = self.pairs[key] + m if key in self.pairs else m
         # the weight bytes W' of each choice (each weight at its first use's layout)
-        sm = model.sm
         self.wbytes = [np.zeros(self.sizes[i]) for i in range(n)]
         self.wconst = 0.0
-        for t, us in model.weights.items():
+        for us in model.weights.values():
             v, k = us[0]
-            b = np.array([local_bytes(sh.in_layouts[k], sm.itemsize(t)) for sh in model.cands[v]])
+            b = np.array([model.weight_bytes(v, k, sh) for sh in model.cands[v]])
             if self.sizes[v] == 1:
                 self.wconst += float(b[0])
             else:
@@ -434,7 +432,7 @@ class _PlanCosts:
 def _plan_costs(planner: Planner, strategies: dict[str, Strategy], program) -> _PlanCosts:
     n = len(planner.sm.ops)
     w = np.array([planner.weight_bytes(i, program.shardings[i]) for i in range(n)])
-    time_per_op = np.add(program.compute, program.comm)
+    time_per_op = program.time_per_op()
     return _PlanCosts(strategies, time_per_op, w, program.peak_activation_memory)
 
 

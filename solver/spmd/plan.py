@@ -15,12 +15,12 @@ from typing import ClassVar
 from solver.core.errors import MtppError
 from solver.core.result import relative_gap
 from solver.core.units import format_bytes
-from solver.spmd.config import from_attributes, parse_strategy, read_config
+from solver.spmd.config import from_attributes, read_config
 from solver.spmd.patterns import data_parallel_plan, megatron_plan
 from solver.spmd.program import Planner, Program
 from solver.spmd.propagate import propagate
 from solver.spmd.report import plan_dict
-from solver.spmd.strategy import Strategy
+from solver.spmd.strategy import Strategy, parse_strategy
 
 METHODS = {
     "propagate": "sharding propagation (MindSpore, seed 002) from the configured operators",
@@ -90,13 +90,14 @@ def check_method(method: str) -> None:
 
 
 def compute_bound(planner: Planner, pins: dict[str, Strategy]) -> float:
-    """Sum over operators of their least compute (communication is never negative)."""
+    """Sum over operators of their least own time (compute; in training also backward compute
+    and gradient synchronisation): edge communication is never negative."""
     total = 0.0
     for i, op in enumerate(planner.sm.ops):
         if op.name in pins:
-            total += planner.compute_time(i, planner.sharding(i, pins[op.name]))
+            total += planner.unary_time(i, planner.sharding(i, pins[op.name]))
         else:
-            total += min(planner.compute_time(i, sh) for sh in planner.candidates(i))
+            total += min(planner.unary_time(i, sh) for sh in planner.candidates(i))
     return total
 
 

@@ -5,7 +5,9 @@ Everything here is a pure function of (model, mesh, cluster, strategies); :class
 caches. An exact optimiser can enumerate ``planner.candidates(i)`` per operator and
 ``planner.edge_cost(u, su, v, sv)`` per edge, and price memory with ``weight_bytes``.
 
-Cost model (forward inference, one synchronous SPMD program; docs/sharding.md):
+Cost model (forward inference, one synchronous SPMD program; docs/sharding.md; with a
+:class:`~solver.spmd.training.TrainingSpec` the backward, the gradient synchronisation and the
+training memory are added as solver/spmd/training.py describes):
 - compute of an operator: roofline on its local shard, max(FLOPs / compute, bytes touched /
   memory bandwidth), the same formula as the pipeline work;
 - communication: every redistribution's ring-formula time (redistribute.py);
@@ -35,16 +37,43 @@ from solver.spmd.rules import (
     shard,
     strategy_of,
 )
-from solver.spmd.strategy import Strategy, fmt_strategy
+from solver.spmd.strategy import Strategy
+from solver.spmd.training import (
+    InputClass,
+    TrainingCosts,
+    TrainingSpec,
+    WeightClass,
+    WeightSync,
+    backward_factor,
+    gradient_flow,
+    gradient_layout,
+    group_size,
+    without_partial,
+)
 
-__all__ = ["Planner", "Program", "evaluate", "fmt_strategy"]
+__all__ = ["EdgeCost", "Planner", "Program", "evaluate"]
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """An edge's cost for one pair of layout classes: its time (forward redistribution, and in
+    training its re-run in the backward and the gradient's redistribution) and the bytes of
+    the consumer's redistributed copy (0 when the layouts agree)."""
+
+    time: float
+    copy_bytes: float
 
 
 class Planner:
     """Specs, candidate shardings and redistributions of one model on one mesh (cached)."""
 
-    def __init__(self, sm: ShardModel, mesh: Mesh, cluster) -> None:
+    def __init__(
+        self, sm: ShardModel, mesh: Mesh, cluster, training: TrainingSpec | None = None
+    ) -> None:
         self.sm, self.mesh, self.cluster = sm, mesh, cluster
+        self.training = training
+        self.flow = gradient_flow(sm) if training is not None else None
+        self._syncs: dict = {}
         self.devices = mesh.devices
         self.specs: list[Spec] = [op_spec(op, sm) for op in sm.ops]
         self._cache: dict = {}
@@ -139,13 +168,107 @@ class Planner:
         return max(sh.local_flops / self.cluster.compute, moved / self.cluster.memory_bandwidth)
 
     def weight_bytes(self, i: int, sh: OpSharding) -> float:
-        """Bytes of the weight shards operator ``i`` keeps on each device under ``sh``."""
+        """Bytes of the weight shards operator ``i`` keeps on each device under ``sh`` (in
+        training with their gradients and optimizer state)."""
         op = self.sm.ops[i]
         return sum(
-            local_bytes(lay, self.sm.itemsize(t))
-            for t, lay in zip(op.data_inputs, sh.in_layouts, strict=True)
+            self.weight_class_bytes(self.weight_class(i, k, sh), t)
+            for k, t in enumerate(op.data_inputs)
             if t in self.sm.consts
         )
+
+    # ------------------------------------------------------------------ the terms optimisers read
+    def unary_time(self, i: int, sh: OpSharding) -> float:
+        """Operator ``i``'s own time under ``sh``: its compute, and in training its backward
+        compute and the gradient synchronisation of its weights."""
+        t = self.compute_time(i, sh)
+        if self.training is None:
+            return t
+        return (
+            t
+            + self.backward_compute(i, sh)
+            + sum(s.time for s in self.weight_syncs(i, sh).values())
+        )
+
+    def backward_compute(self, i: int, sh: OpSharding) -> float:
+        if not self.flow.has_backward[i]:
+            return 0.0
+        return backward_factor(self.sm.ops[i].op_type) * self.compute_time(i, sh)
+
+    def weight_syncs(self, i: int, sh: OpSharding) -> dict[int, WeightSync]:
+        """Data input k -> the gradient synchronisation of that trainable weight under ``sh``
+        (only weights whose gradient holds partial sums)."""
+        key = (i, sh.strategy)
+        if key not in self._syncs:
+            out = {}
+            for k, t in enumerate(self.sm.ops[i].data_inputs):
+                if t not in self.flow.trainable:
+                    continue
+                grad = gradient_layout(sh, k)
+                if grad.partial:
+                    r = self.redistribution(grad, without_partial(grad), t)
+                    out[k] = WeightSync(t, group_size(grad), r.time, r.bytes_per_device)
+            self._syncs[key] = out
+        return self._syncs[key]
+
+    def choice_key(self, i: int, sh: OpSharding) -> tuple:
+        """Two shardings of operator ``i`` with equal keys cost and place alike (one choice)."""
+        key = tuple(canonical(x) for x in sh.in_layouts) + tuple(
+            canonical(x) for x in sh.out_layouts
+        )
+        if self.training is None:
+            return key
+        grads = tuple(canonical(gradient_layout(sh, k)) for k in range(len(sh.in_layouts)))
+        return key + grads
+
+    def out_class(self, u: int, pos: int, sh: OpSharding):
+        """The producer's end of an edge, as its cost depends on it."""
+        return canonical(sh.out_layouts[pos])
+
+    def in_class(self, v: int, k: int, sh: OpSharding):
+        """The consumer's end of an edge, as its cost depends on it (a layout; in training an
+        :class:`InputClass`)."""
+        lay = canonical(sh.in_layouts[k])
+        if self.training is None:
+            return lay
+        t = self.sm.ops[v].data_inputs[k]
+        grad = canonical(gradient_layout(sh, k)) if t in self.flow.needs_grad else None
+        return InputClass(lay, grad, self.flow.has_backward[v])
+
+    def class_edge_cost(self, a, b, tensor: str) -> EdgeCost:
+        """The cost of an edge whose producer's end is class ``a`` and consumer's ``b``."""
+        lay = b if self.training is None else b.layout
+        fwd = self.redistribution(a, lay, tensor)
+        copy = local_bytes(lay, self.sm.itemsize(tensor)) if fwd.steps else 0.0
+        if self.training is None:
+            return EdgeCost(fwd.time, copy)
+        return EdgeCost(fwd.time + self.backward_edge_time(a, b, tensor, fwd), copy)
+
+    def backward_edge_time(self, a, b: InputClass, tensor: str, fwd: Redistribution) -> float:
+        """The backward's part of an edge: the input's redistribution run again when the
+        consumer has a backward, and the gradient's way back to the producer's layout."""
+        time = fwd.time if b.backward else 0.0
+        if b.gradient is not None:
+            time += self.redistribution(b.gradient, without_partial(a), tensor).time
+        return time
+
+    def weight_class(self, v: int, k: int, sh: OpSharding):
+        """A weight's copy as memory counts it (a layout; in training a :class:`WeightClass`)."""
+        lay = canonical(sh.in_layouts[k])
+        if self.training is None:
+            return lay
+        sync = self.weight_syncs(v, sh).get(k)
+        return WeightClass(lay, sync.group if sync is not None else 1)
+
+    def weight_class_bytes(self, cls, tensor: str) -> float:
+        """Bytes per device of one weight copy (in training with its gradient and optimizer
+        state, ZeRO-1 sharding that state over the gradient's synchronisation group)."""
+        if self.training is None:
+            return local_bytes(cls, self.sm.itemsize(tensor))
+        nbytes = local_bytes(cls.layout, self.sm.itemsize(tensor))
+        if tensor not in self.flow.trainable:
+            return nbytes
+        return nbytes * self.training.state_factor(cls.group)
 
     def output_reduction(self, lay: Layout, tensor: str) -> Redistribution | None:
         """A model output left as partial sums: the cheapest all-reduce or reduce-scatter."""
@@ -165,7 +288,8 @@ class Planner:
 
 @dataclass
 class Program:
-    """A sharded program with its costs; ``redists[(v, k)]`` feeds data input k of op v."""
+    """A sharded program with its costs; ``redists[(v, k)]`` feeds data input k of op v;
+    ``training``: the backward's terms (None for inference)."""
 
     mesh: Mesh
     names: list[str]
@@ -178,10 +302,12 @@ class Program:
     weight_memory: float
     peak_activation_memory: float
     output_layouts: dict[str, Layout] = field(default_factory=dict)
+    training: TrainingCosts | None = None
 
     @property
     def objective(self) -> float:
-        return sum(self.compute) + sum(self.comm) + self.output_comm
+        total = sum(self.compute) + sum(self.comm) + self.output_comm
+        return total + (self.training.total if self.training is not None else 0.0)
 
     @property
     def output_comm(self) -> float:
@@ -190,6 +316,15 @@ class Program:
     @property
     def memory_per_device(self) -> float:
         return self.weight_memory + self.peak_activation_memory
+
+    def time_per_op(self) -> np.ndarray:
+        """Each operator's time: compute and input communication, in training its backward
+        compute and communication and its weights' gradient synchronisation."""
+        t = np.add(self.compute, self.comm)
+        if self.training is not None:
+            tr = self.training
+            t = t + np.add(np.add(tr.backward_compute, tr.backward_comm), tr.sync_time)
+        return t
 
     def all_redists(self) -> list[tuple[str, Redistribution]]:
         """(consumer op or 'output', redistribution) for every non-empty redistribution."""
@@ -210,7 +345,8 @@ class Program:
 
 
 def evaluate(planner: Planner, strategies: dict[str, Strategy]) -> Program:
-    """Cost every operator, edge and output of the program given a strategy per operator."""
+    """Cost every operator, edge and output of the program given a strategy per operator
+    (in training with the backward and the gradient synchronisation, docs/training.md)."""
     sm = planner.sm
     shs = [planner.sharding(i, strategies[op.name]) for i, op in enumerate(sm.ops)]
     redists: dict[tuple[int, int], Redistribution] = {}
@@ -242,6 +378,7 @@ def evaluate(planner: Planner, strategies: dict[str, Strategy]) -> Program:
             outputs[t] = r
         out_layouts[t] = r.dst if r is not None else layouts[t]
     weights, peak = _memory(planner, shs, redists)
+    training = _training_costs(planner, shs, redists) if planner.training is not None else None
     return Program(
         planner.mesh,
         [op.name for op in sm.ops],
@@ -254,7 +391,29 @@ def evaluate(planner: Planner, strategies: dict[str, Strategy]) -> Program:
         weights,
         peak,
         out_layouts,
+        training,
     )
+
+
+def _training_costs(planner: Planner, shs: list[OpSharding], redists) -> TrainingCosts:
+    """Per operator: backward compute, backward communication over its input edges (as
+    :meth:`Planner.class_edge_cost` prices it), the gradient synchronisation of its weights."""
+    sm = planner.sm
+    backward, bcomm, sync_time, syncs = [], [], [], {}
+    for v, op in enumerate(sm.ops):
+        sh = shs[v]
+        backward.append(planner.backward_compute(v, sh))
+        c = 0.0
+        for u, pos, k in planner.in_edges[v]:
+            a = planner.out_class(u, pos, shs[u])
+            b = planner.in_class(v, k, sh)
+            c += planner.backward_edge_time(a, b, op.data_inputs[k], redists[(v, k)])
+        bcomm.append(c)
+        own = planner.weight_syncs(v, sh)
+        sync_time.append(sum(s.time for s in own.values()))
+        syncs.update({(v, k): s for k, s in own.items()})
+    zero1 = frozenset(s.tensor for s in syncs.values()) if planner.training.sharded_share else ()
+    return TrainingCosts(backward, bcomm, sync_time, syncs, frozenset(zero1))
 
 
 def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, float]:
@@ -262,17 +421,14 @@ def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, fl
     seen: set = set()
     weights = 0.0
     for v, op in enumerate(sm.ops):
-        for t, lay in zip(op.data_inputs, shs[v].in_layouts, strict=True):
-            key = (t, canonical(lay))
-            if t in sm.consts and key not in seen:
+        for k, t in enumerate(op.data_inputs):
+            if t not in sm.consts:
+                continue
+            key = (t, planner.weight_class(v, k, shs[v]))
+            if key not in seen:
                 seen.add(key)
-                weights += local_bytes(lay, sm.itemsize(t))
-    last: dict[str, int] = {}
-    for v, op in enumerate(sm.ops):
-        for t in op.data_inputs:
-            last[t] = v
-    for t in sm.outputs:
-        last[t] = len(sm.ops)
+                weights += planner.weight_class_bytes(key[1], t)
+    last = last_uses(planner)
     live: dict[str, float] = {}
     peak = 0.0
     for v, op in enumerate(sm.ops):
@@ -290,3 +446,21 @@ def _memory(planner: Planner, shs: list[OpSharding], redists) -> tuple[float, fl
         for t in [t for t in live if last.get(t, -1) <= v]:
             del live[t]
     return weights, peak
+
+
+def last_uses(planner: Planner) -> dict[str, int]:
+    """The step after which each tensor is freed: its last reader (the model's outputs and, in
+    training, every operator output live to the end: the backward reads them)."""
+    sm = planner.sm
+    n = len(sm.ops)
+    last: dict[str, int] = {}
+    for v, op in enumerate(sm.ops):
+        for t in op.data_inputs:
+            last[t] = v
+    for t in sm.outputs:
+        last[t] = n
+    if planner.training is not None:
+        for op in sm.ops:
+            for t in op.outputs:
+                last[t] = n
+    return last

@@ -34,15 +34,18 @@ def plan_dict(planner: Planner, program: Program, method: str, status: str) -> d
     for t, r in program.output_redists.items():
         if r.steps:
             redists.append({"tensor": t, "consumer": None, "input": None, **r.to_dict()})
-    return {
+    out = {
         "format": "mtpp-shard-plan",
         "model": sm.model.graph.name,
         "mesh": planner.mesh.to_dict(),
         "method": method,
         "status": status,
         "objective": program.objective,
-        "compute_time": math.fsum(program.compute),
-        "communication_time": math.fsum(program.comm) + program.output_comm,
+        "compute_time": math.fsum(program.compute) + _backward(program, "backward_compute"),
+        "communication_time": math.fsum(program.comm)
+        + program.output_comm
+        + _backward(program, "backward_comm")
+        + _backward(program, "sync_time"),
         "strategies": {
             op.name: [list(s) for s in program.shardings[v].strategy] for v, op in enumerate(sm.ops)
         },
@@ -56,4 +59,50 @@ def plan_dict(planner: Planner, program: Program, method: str, status: str) -> d
         "max_memory_per_device": program.memory_per_device,
         "operators": ops,
         "replicated_op_types": planner.replicated_ops,
+    }
+    if program.training is not None:
+        out["training"] = training_dict(planner, program)
+        for row, tr in zip(ops, _per_op(program), strict=True):
+            row.update(tr)
+    return out
+
+
+def _backward(program: Program, field: str) -> float:
+    """A training term summed over the operators (0 for inference)."""
+    return math.fsum(getattr(program.training, field)) if program.training is not None else 0.0
+
+
+def _per_op(program: Program) -> list[dict]:
+    tr = program.training
+    return [
+        {"backward_compute": c, "backward_communication": b, "gradient_sync": s}
+        for c, b, s in zip(tr.backward_compute, tr.backward_comm, tr.sync_time, strict=True)
+    ]
+
+
+def training_dict(planner: Planner, program: Program) -> dict:
+    """The training terms of a plan: the forward and backward times, the gradient
+    synchronisation of every weight (AllReduce or ZeRO-1) and the state factor."""
+    tr = program.training
+    sm = planner.sm
+    syncs = [
+        {
+            "weight": s.tensor,
+            "operator": sm.ops[v].name,
+            "group": s.group,
+            "mode": "zero1" if s.tensor in tr.zero1 else "allreduce",
+            "time": s.time,
+            "bytes_per_device": s.bytes_per_device,
+        }
+        for (v, _k), s in sorted(tr.sync.items())
+    ]
+    forward = math.fsum(program.compute) + math.fsum(program.comm) + program.output_comm
+    return {
+        "optimizer_state": planner.training.optimizer_state,
+        "forward_time": forward,
+        "backward_compute_time": math.fsum(tr.backward_compute),
+        "backward_communication_time": math.fsum(tr.backward_comm),
+        "gradient_sync_time": math.fsum(tr.sync_time),
+        "trainable_weights": len(planner.flow.trainable),
+        "gradient_sync": syncs,
     }

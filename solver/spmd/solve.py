@@ -21,8 +21,7 @@ from solver.core.result import certify
 from solver.core.units import parse_memory
 from solver.spmd.mesh import make_mesh, parse_mesh
 from solver.spmd.model import ShardModel, load_model
-from solver.spmd.plan import (  # re-exported: callers have imported them from here
-    METHODS,
+from solver.spmd.plan import (
     SearchOptions,
     ShardResult,
     check_method,
@@ -34,21 +33,9 @@ from solver.spmd.plan import (  # re-exported: callers have imported them from h
     load_pins,
 )
 from solver.spmd.program import Planner, evaluate
+from solver.spmd.training import TrainingSpec, choose_gradient_sync
 
-__all__ = [
-    "METHODS",
-    "ShardResult",
-    "check_options",
-    "compute_bound",
-    "describe_memory",
-    "fits",
-    "heuristic",
-    "load_pins",
-    "solve_sharding",
-]
-
-
-check_options = check_spmd_options  # the name mtpp shard has imported from here
+__all__ = ["solve_sharding"]
 
 
 def solve_sharding(
@@ -67,6 +54,7 @@ def solve_sharding(
     progress=None,
     log: bool = False,
     encoding: str = "cuts",
+    training: TrainingSpec | None = None,
 ) -> ShardResult:
     """Shard ``model`` (an ONNX path or a loaded :class:`ShardModel`) with ``method``.
 
@@ -79,6 +67,8 @@ def solve_sharding(
     past it, the best warm start with its bound, FEASIBLE, and ``stats["stopped"]``; when no
     plan that fits was found by then, up to search.MEMORY_BOUND_SHARE of it more looks for the
     leanest plan (returned when it fits) and the least memory any plan needs (the refusal).
+    ``training``: plan a training step instead of inference (backward, gradient
+    synchronisation, training memory; docs/training.md), None for inference.
     """
     check_method(method)
     check_spmd_options(time_limit, workers, seed)
@@ -87,15 +77,23 @@ def solve_sharding(
     shape = _mesh_shape(mesh, cluster)
     limit = _memory_limit(memory, cluster)
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
-    planner = Planner(sm, make_mesh(shape, cluster), cluster)
+    planner = Planner(sm, make_mesh(shape, cluster), cluster, training)
     pins = load_pins(planner, config, str(model) if not isinstance(model, ShardModel) else "model")
     bound = compute_bound(planner, pins)
     if method != "cpsat":
-        return _heuristic_result(planner, method, pins, limit, bound, t0)
+        return _with_gradient_sync(_heuristic_result(planner, method, pins, limit, bound, t0))
     from solver.spmd import search  # heavy: ortools (the exact models)
 
     opts = SearchOptions(time_limit, workers, seed, progress, log, encoding)
-    return search.exact_search(planner, pins, limit, bound, t0, opts)
+    return _with_gradient_sync(search.exact_search(planner, pins, limit, bound, t0, opts))
+
+
+def _with_gradient_sync(res: ShardResult) -> ShardResult:
+    """In training: AllReduce for every weight gradient where the plan fits without ZeRO-1,
+    ZeRO-1 only for the weights the limit needs (the time is the same)."""
+    if res.program.training is not None:
+        res.program = choose_gradient_sync(res.planner, res.program, res.memory_limit)
+    return res
 
 
 def _mesh_shape(mesh, cluster: Cluster) -> tuple[int, ...]:

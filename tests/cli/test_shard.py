@@ -609,8 +609,7 @@ def test_mesh_axis_inside_groups_with_different_links_is_priced_at_the_slowest()
 @pytest.mark.parametrize("strategy", [((),), ((), (4,)), ((2, 1), (1, 4)), ((4,),)])
 def test_strategy_text_round_trips(strategy):
     """fmt_strategy's text reads back as the same strategy (one rank-0 input included)."""
-    from solver.spmd.config import parse_strategy
-    from solver.spmd.program import fmt_strategy
+    from solver.spmd.strategy import fmt_strategy, parse_strategy
 
     assert parse_strategy(fmt_strategy(strategy), "test") == strategy
 

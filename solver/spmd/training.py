@@ -1,0 +1,209 @@
+"""The training cost of a sharded program (``mtpp shard --training``, docs/training.md,
+"Training-aware operator sharding"): each operator's backward with the forward's splits, the
+collectives its gradients need, the gradient synchronisation of the weights and the training
+memory.
+
+Everything here is a pure function of (model, strategy per operator); :class:`GradientFlow`
+says which tensors carry a gradient, :func:`gradient_layout` where an input's gradient lies
+when the backward of its consumer leaves it, and :func:`state_factor` how many bytes of
+training state a weight shard costs.
+
+The rules:
+- backward compute = ``BACKWARD_FACTOR`` x the forward compute of every operator with a
+  gradient to compute: 2 for matrix products (MatMul, Gemm, Conv: the gradients of both
+  operands, each a product of the forward's size), 1 for every other operator;
+- the gradient of data input k of an operator lies on the operator's device matrix in the
+  input's own layout, with partial sums over every split loop that does not index the input
+  (the transpose of the forward: a loop the forward sums over the input's copies);
+- an activation's gradient is redistributed from there to its producer's output layout
+  (partial sums dropped: the gradient of a partial-sum output is the whole gradient on every
+  device), and the backward reads each input in the layout its forward read it, so an input
+  redistribution of the forward is run again (Megatron's sequence parallelism re-gathers too);
+- a trainable weight whose gradient holds partial sums is synchronised: AllReduce of its
+  gradient, or ZeRO-1 (ReduceScatter of the gradient, the optimizer state sharded over the
+  group, AllGather of the updated weights), which in the ring model costs the same time;
+- training memory = weight shards x (2 + optimizer share / group with ZeRO-1) + every
+  operator's outputs (kept until its backward) + the redistributed copies at each step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from solver.core.errors import MtppError
+from solver.spmd.mesh import Layout
+from solver.spmd.model import ShardModel, Unloaded
+from solver.spmd.rules import OpSharding
+
+MATRIX_PRODUCTS = frozenset({"MatMul", "Gemm", "Conv"})
+BACKWARD_FACTOR_PRODUCT = 2.0  # two products of the forward's size: the gradient of each operand
+BACKWARD_FACTOR_OTHER = 1.0  # reads the output gradient and the saved input once
+WEIGHT_AND_GRADIENT = 2.0  # bytes of weight and gradient per byte of weights (never sharded)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """``optimizer_state``: bytes of training state per byte of weights (weights, gradients
+    and optimizer state; 4 = fp32 Adam, as the pipeline side's ``--optimizer-state``)."""
+
+    optimizer_state: float = 4.0
+
+    def __post_init__(self) -> None:
+        s = self.optimizer_state
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise MtppError(f"the optimizer state factor must be a number > 0, got {s!r}")
+
+    @property
+    def sharded_share(self) -> float:
+        """The bytes per weight byte ZeRO-1 shards: the optimizer state proper."""
+        return max(0.0, self.optimizer_state - WEIGHT_AND_GRADIENT)
+
+    def state_factor(self, group: int) -> float:
+        """Bytes of training state per byte of a weight shard whose gradient is synchronised
+        over ``group`` devices with ZeRO-1 (group 1: no synchronisation, nothing sharded)."""
+        return self.optimizer_state - self.sharded_share + self.sharded_share / group
+
+
+@dataclass
+class GradientFlow:
+    """Which tensors of the model carry a gradient: the trainable weights (float initializers
+    with more than one element) and every float tensor computed from one."""
+
+    trainable: frozenset[str]
+    needs_grad: frozenset[str]
+    has_backward: tuple[bool, ...]  # per operator: some data input needs a gradient
+
+
+def gradient_flow(sm: ShardModel) -> GradientFlow:
+    """The trainable weights and the tensors and operators the backward reaches."""
+    inits = {t.name for t in sm.model.graph.initializer}
+    trainable = set()
+    for t, value in sm.consts.items():
+        loaded = t in inits or isinstance(value, Unloaded)
+        shape = sm.shapes.get(t, ())
+        if loaded and np.issubdtype(sm.dtypes[t], np.floating) and math.prod(shape) > 1:
+            trainable.add(t)
+    needs = set(trainable)
+    backward = []
+    for op in sm.ops:
+        reached = any(t in needs for t in op.data_inputs)
+        backward.append(reached)
+        if reached:
+            needs.update(t for t in op.outputs if np.issubdtype(sm.dtypes[t], np.floating))
+    return GradientFlow(frozenset(trainable), frozenset(needs), tuple(backward))
+
+
+def backward_factor(op_type: str) -> float:
+    return BACKWARD_FACTOR_PRODUCT if op_type in MATRIX_PRODUCTS else BACKWARD_FACTOR_OTHER
+
+
+def gradient_axes(sh: OpSharding, k: int) -> tuple[int, ...]:
+    """The device-matrix axes over which the gradient of data input ``k`` holds partial sums:
+    the split loops that index no dim of the input."""
+    used = {a for axes in sh.in_layouts[k].dims for a in axes}
+    return tuple(a for a, n in enumerate(sh.loop_splits) if n > 1 and a not in used)
+
+
+def gradient_layout(sh: OpSharding, k: int) -> Layout:
+    """Where the backward leaves the gradient of data input ``k``: the input's layout with
+    partial sums over :func:`gradient_axes`."""
+    lay = sh.in_layouts[k]
+    return Layout(lay.shape, lay.device_matrix, lay.dims, gradient_axes(sh, k))
+
+
+def without_partial(lay: Layout) -> Layout:
+    """The same placement with its partial sums summed: where an output's gradient lies."""
+    return Layout(lay.shape, lay.device_matrix, lay.dims) if lay.partial else lay
+
+
+def group_size(lay: Layout) -> int:
+    """The devices that hold partial sums of one block of ``lay``."""
+    return math.prod(lay.device_matrix[a] for a in lay.partial)
+
+
+@dataclass(frozen=True)
+class InputClass:
+    """What an edge's cost depends on at its consumer's end in training: the input's layout
+    (canonical), its gradient's (None: no gradient crosses the edge) and whether the
+    consumer's backward reads the input again."""
+
+    layout: Layout
+    gradient: Layout | None
+    backward: bool
+
+
+@dataclass(frozen=True)
+class WeightClass:
+    """A weight's copy as memory sees it in training: its layout (canonical) and the devices
+    its gradient is synchronised over (ZeRO-1 shards the optimizer state over them)."""
+
+    layout: Layout
+    group: int
+
+
+@dataclass
+class TrainingCosts:
+    """The training terms of one program, per operator (seconds), and the gradient
+    synchronisations: ``sync[(v, k)]`` for weight input k of operator v (its time and group),
+    ``zero1``: the weights whose optimizer state is sharded (ZeRO-1); the others AllReduce."""
+
+    backward_compute: list[float]
+    backward_comm: list[float]
+    sync_time: list[float]
+    sync: dict[tuple[int, int], WeightSync] = field(default_factory=dict)
+    zero1: frozenset[str] = frozenset()
+
+    @property
+    def total(self) -> float:
+        return (
+            math.fsum(self.backward_compute)
+            + math.fsum(self.backward_comm)
+            + math.fsum(self.sync_time)
+        )
+
+
+@dataclass(frozen=True)
+class WeightSync:
+    """The gradient synchronisation of one weight read by one operator."""
+
+    tensor: str
+    group: int
+    time: float
+    bytes_per_device: float
+
+
+def zero1_savings(planner, program) -> dict[str, float]:
+    """Bytes per device ZeRO-1 saves on each synchronised weight (its optimizer state over
+    the group), each distinct copy of a weight counted once, as the program's memory does."""
+    share = planner.training.sharded_share
+    seen: set = set()
+    saved: dict[str, float] = {}
+    for (v, k), sync in program.training.sync.items():
+        cls = planner.weight_class(v, k, program.shardings[v])
+        if (sync.tensor, cls) in seen:
+            continue
+        seen.add((sync.tensor, cls))
+        nbytes = planner.weight_class_bytes(cls, sync.tensor) / planner.training.state_factor(
+            cls.group
+        )
+        saved[sync.tensor] = saved.get(sync.tensor, 0.0) + nbytes * share * (1 - 1 / cls.group)
+    return saved
+
+
+def choose_gradient_sync(planner, program, limit: float | None):
+    """The program with AllReduce for every weight gradient while it fits ``limit``, ZeRO-1
+    kept for the weights that save the most until it does (the time is the same either way;
+    evaluate prices every synchronised weight at ZeRO-1's memory, the least)."""
+    tr = program.training
+    saved = zero1_savings(planner, program)
+    zero1 = set(tr.zero1)
+    weights = program.weight_memory
+    for t in sorted(zero1, key=lambda t: (saved.get(t, 0.0), t)):  # the least saving first
+        gain = saved.get(t, 0.0)
+        if limit is None or weights + gain + program.peak_activation_memory <= limit:
+            zero1.discard(t)
+            weights += gain
+    return replace(program, weight_memory=weights, training=replace(tr, zero1=frozenset(zero1)))
