@@ -12,6 +12,7 @@ from solver.backends.schedule import (
     gantt_chart,
     simulate_schedule,
     simulate_training,
+    simulate_training_plan,
     stage_order,
 )
 from solver.core.cluster import Cluster
@@ -148,3 +149,56 @@ def test_simulated_memory_is_the_plans(tmp_path):
     png = tmp_path / "gantt.png"
     gantt_chart(run, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@settings(max_examples=scaled_examples(25), deadline=None)
+@given(st.integers(0, 2**31), st.integers(2, 7), st.sampled_from(["gpipe", "1f1b"]))
+def test_training_plan_simulation_against_its_model(seed, m, schedule):
+    """simulate_training_plan's record: the proven relation of makespan and T holds for a
+    random plan, and the simulated in-flight counts and memory are the model's."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    g = Graph.build(
+        [f"v{i}" for i in range(n)],
+        rng.random(n),
+        rng.random(n) * 4,
+        [(i, i + 1) for i in range(n - 1)],
+        params=[(f"w{i}", float(rng.random() * 5), [i]) for i in range(n)],
+        work_backward=rng.random(n) * 3,
+        stash=rng.random(n) * 3,
+    )
+    cl = Cluster("c", 3, link_bandwidth=float(rng.uniform(0.5, 4)))
+    a = np.sort(rng.integers(0, 3, n))
+    spec = TrainingSpec(schedule, m)
+    ts = simulate_training_plan(g, cl, a, spec)
+    T = training_cost(g, cl, a, spec).iteration_time
+    assert ts.iteration_time == T and ts.ratio == pytest.approx(ts.makespan / T, rel=1e-12)
+    rel = ts.relation
+    assert rel.lower * (1 - 1e-12) <= ts.makespan <= rel.upper * (1 + 1e-12)
+    if schedule == "gpipe":
+        assert ts.makespan == pytest.approx(rel.exact, rel=1e-12)
+        assert ts.makespan >= T * (1 - 1e-12)
+    for s in ts.stages:
+        assert s.inflight_simulated == s.inflight_model
+        assert s.memory_simulated == pytest.approx(s.memory_model, rel=1e-12)
+        assert 0 < s.busy_fraction <= 1
+    d = ts.to_dict()
+    assert d["iteration_time"] == T and d["makespan"] == ts.makespan
+    assert d["relation"]["rule"].startswith("GPipe" if schedule == "gpipe" else "1F1B")
+
+
+def test_equal_stages_simulate_to_t():
+    """Stages of equal F and equal B: the makespan is T for every schedule (docs/training.md)."""
+    n = 6
+    g = Graph.build(
+        [f"v{i}" for i in range(n)], [1.0] * n, [0.0] * n, [(i, i + 1) for i in range(n - 1)]
+    )
+    cl = Cluster("c", 3, link_bandwidth=1.0)
+    a = np.repeat(np.arange(3), 2)
+    for spec in (
+        TrainingSpec("gpipe", 4),
+        TrainingSpec("1f1b", 5),
+        TrainingSpec("interleaved", 6, virtual_stages=2),
+    ):
+        ts = simulate_training_plan(g, cl, a, spec)
+        assert ts.makespan == pytest.approx(ts.iteration_time, rel=1e-12)
