@@ -62,14 +62,14 @@ class TrainingCpsatResult:
 
     ``assignment``: on the original graph, empty blocks first (None: no valid plan found);
     ``placement``: device of every block on a cluster whose devices differ (None: block b on
-    device b); ``T``: its iteration time re-priced by :func:`training_cost` (inf: none);
+    device b); ``iteration_time``: T re-priced by :func:`training_cost` (inf: none);
     ``lower``: a proven lower bound on T over every plan of at most k blocks and every
     placement; ``optimal``: CP-SAT proved its integer optimum and T meets ``lower`` within
     the 1e-6 tolerance or the rounding ``resolution``; ``infeasible``: proven, no plan fits."""
 
     assignment: np.ndarray | None
     placement: np.ndarray | None
-    T: float
+    iteration_time: float
     lower: float
     optimal: bool
     resolution: float
@@ -127,9 +127,7 @@ class _TrainingModel(_Model):
         super()._choose_scale()
         g, cluster, spec = self.g, self.cluster, self.spec
         self.speed = (
-            device_classes(cluster).compute / cluster.compute
-            if self.placed
-            else np.ones(1)
+            device_classes(cluster).compute / cluster.compute if self.placed else np.ones(1)
         )
         lo_s, hi_s = float(self.speed.min()), float(self.speed.max())
         io_lo = g.t_size / (float(self.link_bw.min()) if self.placed else cluster.link_bandwidth)
@@ -181,7 +179,9 @@ class _TrainingModel(_Model):
             most * float(g.stash_bytes.max(initial=0.0)),
             float(caps[np.isfinite(caps)].max(initial=0.0)),
         )
-        self.mem_unit = 2.0 ** max(0, math.ceil(math.log2(max(big, 1.0) / MAX_COEF)))
+        # 2^j bytes, j < 0 too: small memories keep their fractions (a plan the rounded-down
+        # model accepts breaks the real capacity by at most a unit per term)
+        self.mem_unit = 2.0 ** math.ceil(math.log2(max(big, 1e-30) / MAX_COEF))
 
     # ------------------------------------------------------------------ domains and cuts
     def _cut_work(self) -> np.ndarray:
@@ -197,9 +197,7 @@ class _TrainingModel(_Model):
             self.obj_cap = math.floor(self.S * self.w.divisor * U * (1 + 1e-12))
             if self.w.B > 0:
                 a, b = self.spec.time_weights
-                w2 = float(self.g.work.sum() + self.g.backward_work.sum()) / float(
-                    self.speed.max()
-                )
+                w2 = float(self.g.work.sum() + self.g.backward_work.sum()) / float(self.speed.max())
                 longest = max(0.0, (U - a * w2) / b) + 1e-9 * U / b
                 self.ub_int = math.floor(self.S * longest)
         self._set_windows(self.ub_int)
@@ -473,7 +471,7 @@ def _result(g, cluster, spec, model, search: _Search, warm, upper, build_s, t0):
     return TrainingCpsatResult(
         assignment=None if pick is None else pick.blocks,
         placement=None if pick is None else pick.devices,
-        T=T,
+        iteration_time=T,
         lower=math.inf if infeasible else lower,
         optimal=optimal,
         resolution=model.resolution,
@@ -495,7 +493,7 @@ def _unsolved(g, cluster, spec, warm: _Pick | None, upper, t0) -> TrainingCpsatR
     return TrainingCpsatResult(
         assignment=None if warm is None else warm.blocks,
         placement=None if warm is None else warm.devices,
-        T=math.inf if warm is None else warm.T,
+        iteration_time=math.inf if warm is None else warm.T,
         lower=lower,
         optimal=False,
         resolution=0.0,
