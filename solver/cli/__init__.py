@@ -62,6 +62,7 @@ COMMANDS = (
     Command("run", parsers.add_run_parser, "run", "cmd_run"),
     Command("experiment", parsers.add_experiment_parser, "experiment", "cmd_experiment"),
     Command("shard", parsers.add_shard_parser, "shard", "cmd_shard"),
+    Command("report", parsers.add_report_parser, "report", "cmd_report"),
 )
 
 

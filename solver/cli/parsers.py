@@ -598,3 +598,39 @@ def add_shard_parser(sub) -> None:
         "--seed", type=int, default=0, help="seed of --verify's inputs and of CP-SAT (default 0)"
     )
     add_json(p)
+
+
+def add_report_parser(sub) -> None:
+    """Arguments of ``mtpp report``."""
+    p = sub.add_parser(
+        "report",
+        help="write a plan as one self-contained HTML page (stages, bounds, graph, Gantt)",
+        description="Write one HTML file (inline CSS and SVG: no script, no network) showing a "
+        "plan: its stage table, per-stage bars of time (io, work, overflow) and memory, the "
+        "graph or operator sequence coloured by stage, the bound ladder (each certified bound "
+        "the plan records, the one that binds, its distance to the objective) and the "
+        "schedule's Gantt chart. Pipeline, training, joint and sharded (mtpp shard) plans.",
+        epilog="examples:\n  mtpp report plan.json model.onnx --html plan.html\n"
+        "  mtpp report plan.json --html plan.html        # from the plan file alone\n"
+        "  mtpp report joint.json --html joint.html      # a joint plan names its model\n"
+        "  mtpp report shard_out/plan.json --html shard.html --force",
+        formatter_class=formatter,
+    )
+    p.add_argument(
+        "plan",
+        metavar="PLAN",
+        help="the plan, whatever its file name: pipeline or joint plan (mtpp solve --out), "
+        "manual-sharding YAML, or a sharded plan (plan.json of mtpp shard --out)",
+    )
+    p.add_argument(
+        "graph",
+        metavar="MODEL",
+        nargs="?",
+        help="the graph or ONNX model the plan was made for: a pipeline plan needs it for the "
+        "drawing of the graph and the simulated timeline (without it the page shows what the "
+        "plan file records); a joint plan names its own",
+    )
+    p.add_argument("--html", metavar="FILE", required=True, help="the HTML file to write")
+    p.add_argument("--force", action="store_true", help="replace an existing FILE")
+    add_graph_options(p)
+    add_json(p)

@@ -1,0 +1,1193 @@
+"""A plan as one self-contained HTML page (``mtpp report PLAN [MODEL] --html FILE``).
+
+The page holds everything inline (CSS and SVG, no script, no network): the plan's facts, the
+stage table, per-stage bars of time (io in, work, overflow, io out; forward and backward for
+training plans) and memory, the graph (or the operator sequence) coloured by stage, the bound
+ladder (each certified bound the plan records, the one that binds, its distance to the
+objective) and the schedule's Gantt chart (the simulator's timeline for inference, the
+training schedule's microbatches for training plans). A sharded (SPMD) plan shows its mesh and
+its operator table with strategies instead of stages.
+
+This module builds the page from typed records (:class:`Report` and its parts) and builds
+those records from a plan's JSON content and, where given, its graph and simulation
+(:func:`pipeline_report`, :func:`joint_report`, :func:`spmd_report`). It never prints and
+never reads files; every name from a plan is escaped.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import html
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver import __version__
+from solver.backends.schedule import ScheduleRun, simulate_schedule
+from solver.core.errors import MtppError
+from solver.core.graph import Graph
+from solver.core.training import TrainingSpec
+from solver.core.units import format_bytes, format_time
+from solver.joint.plan import JointPlan
+
+# ---------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One labelled value in the plan's summary."""
+
+    label: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a stacked bar: a named quantity (seconds or bytes)."""
+
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One row of the stage table and of the per-stage bars (one block of the plan)."""
+
+    stage: int
+    device: str
+    nodes: int
+    time_parts: tuple[Part, ...]  # add up to the stage's time
+    memory_parts: tuple[Part, ...]  # add up to the stage's memory per device
+    capacity: float | None  # memory the stage may use per device (None: no limit)
+    bottleneck: bool = False
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A lower bound on the objective; ``scope`` says which plans it covers."""
+
+    name: str
+    value: float
+    binding: bool
+    scope: str = "every plan"
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The bounds a plan records, against its objective."""
+
+    objective: float
+    rungs: tuple[Rung, ...]
+    skipped: tuple[Fact, ...] = ()  # bounds not computed, and why
+
+
+@dataclass(frozen=True)
+class SequenceRun:
+    """Consecutive operators (in topological order) of one stage."""
+
+    stage: int
+    count: int
+    first: str
+    last: str
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A node of the drawn graph: its stage and its place (column = depth, row in column)."""
+
+    name: str
+    stage: int
+    column: int
+    row: int
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    """An edge of the drawn graph, by node positions in :attr:`GraphView.nodes`."""
+
+    source: int
+    target: int
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """The graph drawn by depth; ``hidden`` nodes are too many to draw (the strip shows all)."""
+
+    nodes: tuple[GraphNode, ...]
+    edges: tuple[GraphEdge, ...]
+    hidden: int = 0
+
+
+@dataclass(frozen=True)
+class GanttBar:
+    """One busy interval of a row (a device or a stage)."""
+
+    row: int
+    stage: int  # colours the bar
+    kind: str  # recv | compute | send (inference); F | B (training)
+    label: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Gantt:
+    """A timeline: rows top to bottom, bars, the kinds in legend order."""
+
+    title: str
+    rows: tuple[str, ...]
+    bars: tuple[GanttBar, ...]
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    """One operator of a sharded plan."""
+
+    name: str
+    op_type: str
+    strategy: str
+    local_shape: str
+    compute: float
+    communication: float
+
+
+@dataclass(frozen=True)
+class MeshView:
+    """The device mesh of a sharded plan (or a stage of a joint plan)."""
+
+    shape: tuple[int, ...]
+    devices: tuple[int, ...]
+    bandwidth: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the page shows; empty parts are left out of the page."""
+
+    title: str
+    kind: str  # pipeline | training | joint | spmd
+    status: str
+    facts: tuple[Fact, ...]
+    stages: tuple[StageRow, ...] = ()
+    ladder: Ladder | None = None
+    sequence: tuple[SequenceRun, ...] = ()
+    graph: GraphView | None = None
+    gantt: Gantt | None = None
+    operators: tuple[OperatorRow, ...] = ()
+    mesh: MeshView | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ---------------------------------------------------------------------- colours and text
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+TRANSFER_COLOURS = {"recv": "#9aa5b1", "send": "#5f6b7a"}
+KIND_NAMES = {
+    "recv": "receive",
+    "compute": "compute",
+    "send": "send",
+    "F": "forward",
+    "B": "backward",
+}
+
+
+def stage_colour(stage: int) -> str:
+    """The colour of a stage: ten distinct ones, then hues a golden angle apart."""
+    if stage < len(PALETTE):
+        return PALETTE[stage]
+    hue = (stage * 0.381966) % 1.0
+    r, g, b = colorsys.hls_to_rgb(hue, 0.55, 0.55)
+    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def darker(colour: str, share: float = 0.35) -> str:
+    """``colour`` mixed with black (``share`` of black)."""
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{int(c * (1 - share)):02x}" for c in rgb)
+
+
+def esc(text: object) -> str:
+    """Text from a plan made safe inside HTML or SVG (element text and quoted attributes)."""
+    return html.escape(str(text), quote=True)
+
+
+def num(x: float) -> str:
+    """A coordinate in SVG: short, finite."""
+    return f"{x:.2f}".rstrip("0").rstrip(".") if math.isfinite(x) else "0"
+
+
+def exact(x: float) -> str:
+    """A number written back exactly (the shortest repr of the float)."""
+    return repr(float(x))
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.3g}%" if whole > 0 else "-"
+
+
+def shown_time(x: float | None) -> str:
+    return "-" if x is None else format_time(x)
+
+
+def shown_bytes(x: float | None) -> str:
+    return "-" if x is None else format_bytes(x)
+
+
+# ---------------------------------------------------------------------- the page
+CSS = """
+:root { --ink: #1f2933; --muted: #616e7c; --line: #d9e2ec; --card: #ffffff; --bg: #f5f7fa; }
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--bg); color: var(--ink);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
+header { background: #243b53; color: #fff; padding: 18px 28px; }
+header h1 { margin: 0; font-size: 22px; font-weight: 600; overflow-wrap: anywhere; }
+header .sub { color: #bcccdc; margin-top: 4px; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
+  font-weight: 600; margin-left: 8px; vertical-align: 3px; background: #829ab1; color: #fff; }
+.badge.OPTIMAL { background: #3f9142; } .badge.FEASIBLE { background: #de911d; }
+.badge.INVALID, .badge.ERROR, .badge.INFEASIBLE { background: #ba2525; }
+main { padding: 18px 28px 40px; max-width: 1240px; }
+section { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+  padding: 14px 18px; margin-bottom: 16px; }
+section h2 { font-size: 16px; margin: 0 0 10px; }
+.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 8px; }
+.fact { border-left: 3px solid #829ab1; padding: 2px 10px; }
+.fact .label { color: var(--muted); font-size: 12px; }
+.fact .value { font-weight: 600; overflow-wrap: anywhere; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: right;
+  white-space: nowrap; }
+th { color: var(--muted); font-weight: 600; font-size: 12px; }
+td.name, th.name { text-align: left; overflow-wrap: anywhere; white-space: normal; }
+tr.bottleneck td { background: #fff3c4; }
+.swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px;
+  vertical-align: -1px; margin-right: 6px; }
+figure { margin: 0; }
+figcaption { color: var(--muted); font-size: 12px; margin-top: 6px; }
+svg { display: block; width: 100%; height: auto; }
+svg.opbar { display: inline-block; width: 170px; }
+svg text { font: 11px system-ui, -apple-system, "DejaVu Sans", sans-serif; fill: var(--ink); }
+svg .muted { fill: var(--muted); }
+.notes { color: var(--muted); }
+footer { color: var(--muted); font-size: 12px; padding: 0 28px 24px; }
+"""
+
+
+def render_html(report: Report) -> str:
+    """The whole page for ``report``: one string, no external resource."""
+    sections = [
+        _facts_section(report),
+        _stage_section(report),
+        _bars_section(report),
+        _graph_section(report),
+        _ladder_section(report),
+        _gantt_section(report),
+        _mesh_section(report),
+        _operator_section(report),
+        _notes_section(report),
+    ]
+    badge = f'<span class="badge {esc(report.status)}">{esc(report.status)}</span>'
+    badge = "" if report.status == "-" else badge
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(report.title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+        f"<header><h1>{esc(report.title)}{badge}</h1>"
+        f'<div class="sub">{esc(_kind_words(report.kind))}</div></header>\n<main>\n'
+        + "".join(s for s in sections if s)
+        + f"</main>\n<footer>written by mtpp {esc(__version__)}; self-contained: no script, "
+        "no network</footer>\n</body>\n</html>\n"
+    )
+
+
+def _kind_words(kind: str) -> str:
+    return {
+        "pipeline": "pipeline plan (inference): blocks of operators on devices",
+        "training": "pipeline plan (training): stages run microbatches forward and backward",
+        "joint": "joint plan: pipeline stages, each sharded on its sub-mesh",
+        "spmd": "sharded (SPMD) plan: one strategy per operator on one mesh",
+    }.get(kind, kind)
+
+
+def _section(ident: str, title: str, body: str) -> str:
+    return f'<section id="{ident}"><h2>{esc(title)}</h2>\n{body}</section>\n'
+
+
+def _facts_section(report: Report) -> str:
+    cells = "".join(
+        f'<div class="fact"><div class="label">{esc(f.label)}</div>'
+        f'<div class="value">{esc(f.value)}</div></div>'
+        for f in report.facts
+    )
+    return _section("summary", "Summary", f'<div class="facts">{cells}</div>\n')
+
+
+def _stage_section(report: Report) -> str:
+    rows = report.stages
+    if not rows:
+        return ""
+    time_names = [p.name for p in rows[0].time_parts]
+    memory_names = [p.name for p in rows[0].memory_parts] if len(rows[0].memory_parts) > 1 else []
+    head = "".join(f"<th>{esc(n)}</th>" for n in ["nodes", *time_names, "time"])
+    head += "".join(f"<th>{esc(n)}</th>" for n in [*memory_names, "memory", "capacity"])
+    body = []
+    for r in rows:
+        cells = [str(r.nodes)]
+        cells += [format_time(p.value) for p in r.time_parts]
+        cells.append(format_time(_total(r.time_parts)))
+        cells += [format_bytes(p.value) for p in r.memory_parts] if memory_names else []
+        cells += [format_bytes(_total(r.memory_parts)), shown_bytes(r.capacity)]
+        swatch = f'<span class="swatch" style="background:{stage_colour(r.stage)}"></span>'
+        mark = " (slowest)" if r.bottleneck else ""
+        body.append(
+            f'<tr class="stage{" bottleneck" if r.bottleneck else ""}" data-stage="{r.stage}">'
+            f'<td class="name">{swatch}{r.stage}{mark}</td><td>{esc(r.device)}</td>'
+            + "".join(f"<td>{esc(c)}</td>" for c in cells)
+            + "</tr>\n"
+        )
+    table = (
+        f'<table id="stage-table"><thead><tr><th class="name">stage</th><th>device</th>{head}'
+        f"</tr></thead>\n<tbody>\n{''.join(body)}</tbody></table>\n"
+    )
+    return _section("stages", "Stages", table)
+
+
+def _total(parts: tuple[Part, ...]) -> float:
+    return math.fsum(p.value for p in parts)
+
+
+BAR_WIDTH = 400.0  # pixels of the longest bar in each of the two panels
+TIME_TITLES = {"training": "time per microbatch", "pipeline": "time per request"}
+TIME_TITLES["joint"] = TIME_TITLES["pipeline"]
+
+
+def _bars_section(report: Report) -> str:
+    rows = report.stages
+    if not rows:
+        return ""
+    time_scale = max((_total(r.time_parts) for r in rows), default=0.0)
+    memory_scale = max(
+        [_total(r.memory_parts) for r in rows] + [r.capacity or 0.0 for r in rows], default=0.0
+    )
+    row_h, top, left = 26, 34, 70
+    height = top + row_h * len(rows) + 40
+    out = [
+        f'<svg id="stage-bars" viewBox="0 0 1060 {height}" role="img" '
+        'aria-label="per-stage time and memory">',
+        f'<text x="{left}" y="16" font-weight="600">{TIME_TITLES.get(report.kind, "time")} (scale: '
+        f"{esc(format_time(time_scale))})</text>",
+        f'<text x="{left + BAR_WIDTH + 90}" y="16" font-weight="600">memory per device '
+        f"(scale: {esc(format_bytes(memory_scale))})</text>",
+    ]
+    for i, r in enumerate(rows):
+        y = top + i * row_h
+        out.append(f'<text x="8" y="{y + 14}">stage {r.stage}</text>')
+        out += _stacked_bar(r, r.time_parts, "time", left, y, time_scale)
+        out += _stacked_bar(r, r.memory_parts, "memory", left + BAR_WIDTH + 90, y, memory_scale)
+        if r.capacity is not None and memory_scale > 0:
+            x = left + BAR_WIDTH + 90 + BAR_WIDTH * r.capacity / memory_scale
+            out.append(
+                f'<line class="capacity" x1="{num(x)}" x2="{num(x)}" y1="{y - 2}" '
+                f'y2="{y + 20}" stroke="#ba2525" stroke-width="2"><title>capacity '
+                f"{esc(format_bytes(r.capacity))}</title></line>"
+            )
+    out.append(_bar_legend(rows[0], left, top + row_h * len(rows) + 14))
+    out.append("</svg>")
+    caption = (
+        "Bars are drawn to scale within each panel; "
+        + (
+            "the slowest stage's time counts once per microbatch. "
+            if report.kind == "training"
+            else "the slowest stage sets the period. "
+        )
+        + "Red lines mark the memory a stage may use per device."
+    )
+    return _section("costs", "Per-stage costs", _figure("\n".join(out), caption))
+
+
+PART_SHADES = (0.0, 0.35, -0.45, 0.6)  # shades of the stage colour: 1st, 2nd, ... own part
+TRANSFER_PARTS = {"io in": "recv", "io out": "send"}  # drawn in the timeline's transfer colours
+
+
+def _shade(colour: str, index: int) -> str:
+    share = PART_SHADES[index % len(PART_SHADES)]
+    if share >= 0:
+        return darker(colour, share)
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{int(c + (255 - c) * -share):02x}" for c in rgb)
+
+
+def _part_colours(parts: tuple[Part, ...], colour: str) -> list[str]:
+    """Transfers in grey, the stage's own parts in shades of its colour (the first in it)."""
+    out, own = [], 0
+    for p in parts:
+        if p.name in TRANSFER_PARTS:
+            out.append(TRANSFER_COLOURS[TRANSFER_PARTS[p.name]])
+        else:
+            out.append(_shade(colour, own))
+            own += 1
+    return out
+
+
+def _stacked_bar(
+    row: StageRow, parts: tuple[Part, ...], panel: str, x0: float, y: float, scale: float
+) -> list[str]:
+    out, x = [], x0
+    out.append(
+        f'<rect x="{x0}" y="{y}" width="{BAR_WIDTH}" height="18" fill="#f0f4f8" rx="2"></rect>'
+    )
+    colours = _part_colours(parts, stage_colour(row.stage))
+    for p, fill in zip(parts, colours, strict=True):
+        w = BAR_WIDTH * p.value / scale if scale > 0 else 0.0
+        out.append(
+            f'<rect class="seg" data-panel="{panel}" data-stage="{row.stage}" '
+            f'data-part="{esc(p.name)}" data-value="{exact(p.value)}" x="{num(x)}" y="{y}" '
+            f'width="{exact(w)}" height="18" fill="{fill}">'
+            f"<title>stage {row.stage} {esc(p.name)}: {esc(_value_text(panel, p.value))}"
+            "</title></rect>"
+        )
+        x += w
+    total = _value_text(panel, _total(parts))
+    out.append(f'<text x="{num(x + 5)}" y="{y + 13}" class="muted">{esc(total)}</text>')
+    return out
+
+
+def _value_text(panel: str, value: float) -> str:
+    return format_time(value) if panel == "time" else format_bytes(value)
+
+
+def _bar_legend(row: StageRow, left: float, y: float) -> str:
+    """The parts' names under each panel (stage 0's colour stands for every stage's)."""
+    items = []
+    for x, parts in ((left, row.time_parts), (left + BAR_WIDTH + 90, row.memory_parts)):
+        for p, fill in zip(parts, _part_colours(parts, PALETTE[0]), strict=True):
+            items.append(
+                f'<rect x="{num(x)}" y="{y - 9}" width="11" height="11" fill="{fill}"></rect>'
+                f'<text x="{num(x + 15)}" y="{y}">{esc(p.name)}</text>'
+            )
+            x += 26 + 6.5 * len(p.name)
+    return "".join(items)
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}\n<figcaption>{esc(caption)}</figcaption></figure>\n"
+
+
+# ---------------------------------------------------------------------- graph and sequence
+def _graph_section(report: Report) -> str:
+    if not report.sequence and report.graph is None:
+        return ""
+    parts = []
+    if report.sequence:
+        parts.append(_sequence_svg(report.sequence))
+    if report.graph is not None:
+        parts.append(_graph_svg(report.graph))
+    caption = (
+        "Top: every operator in topological order, coloured by its stage (runs of one stage "
+        "merged). "
+        + ("Below: the graph, left to right by depth." if report.graph is not None else "")
+    )
+    legend = _stage_legend(sorted({r.stage for r in report.sequence}))
+    return _section("graph", "The graph by stage", legend + _figure("\n".join(parts), caption))
+
+
+def _stage_legend(stages: list[int]) -> str:
+    return (
+        "<div>"
+        + " ".join(
+            f'<span class="swatch" style="background:{stage_colour(s)}"></span>stage {s}&nbsp;'
+            for s in stages
+        )
+        + "</div>\n"
+    )
+
+
+def _sequence_svg(runs: tuple[SequenceRun, ...]) -> str:
+    total = sum(r.count for r in runs) or 1
+    width, x = 1040.0, 10.0
+    out = ['<svg id="sequence-strip" viewBox="0 0 1060 58" role="img" aria-label="operators">']
+    for r in runs:
+        w = width * r.count / total
+        what = esc(r.first if r.count == 1 else f"{r.first} ... {r.last}")
+        out.append(
+            f'<rect class="run" data-stage="{r.stage}" x="{num(x)}" y="8" width="{exact(w)}" '
+            f'height="30" fill="{stage_colour(r.stage)}"><title>stage {r.stage}: {r.count} '
+            f"operator{'s' if r.count > 1 else ''}, {what}</title></rect>"
+        )
+        if w > 28:
+            out.append(f'<text x="{num(x + 4)}" y="27" fill="#fff">{r.stage}</text>')
+        x += w
+    out.append('<text x="10" y="53" class="muted">first operator</text>')
+    out.append(f'<text x="1050" y="53" class="muted" text-anchor="end">last ({total})</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _graph_svg(view: GraphView) -> str:
+    columns = max((n.column for n in view.nodes), default=0) + 1
+    rows = max((n.row for n in view.nodes), default=0) + 1
+    dx = max(8.0, min(60.0, 1020.0 / columns))
+    dy = max(8.0, min(36.0, 520.0 / rows))
+    radius = max(2.5, min(7.0, min(dx, dy) / 3))
+    width, height = 40 + dx * columns, 30 + dy * rows
+    pos = [(20 + dx * (n.column + 0.5), 15 + dy * (n.row + 0.5)) for n in view.nodes]
+    out = [
+        f'<svg id="graph-figure" viewBox="0 0 {num(width)} {num(height)}" role="img" '
+        'aria-label="graph coloured by stage">'
+    ]
+    for e in view.edges:
+        (x1, y1), (x2, y2) = pos[e.source], pos[e.target]
+        out.append(
+            f'<line x1="{num(x1)}" y1="{num(y1)}" x2="{num(x2)}" y2="{num(y2)}" '
+            'stroke="#bcccdc" stroke-width="1"></line>'
+        )
+    for n, (x, y) in zip(view.nodes, pos, strict=True):
+        out.append(
+            f'<circle class="node" data-stage="{n.stage}" cx="{num(x)}" cy="{num(y)}" '
+            f'r="{num(radius)}" fill="{stage_colour(n.stage)}" stroke="#fff" stroke-width="1">'
+            f"<title>{esc(n.name)} (stage {n.stage})</title></circle>"
+        )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- bound ladder
+def _ladder_section(report: Report) -> str:
+    ladder = report.ladder
+    if ladder is None:
+        return ""
+    objective = ladder.objective
+    rungs = sorted(ladder.rungs, key=lambda r: r.value)
+    scale = max([objective, *(r.value for r in rungs)]) or 1.0
+    row_h, left, width = 24, 250, 560.0
+    height = 20 + row_h * (len(rungs) + 1) + 10
+    out = [f'<svg id="bound-ladder" viewBox="0 0 1060 {height}" role="img" aria-label="bounds">']
+    for i, r in enumerate([*rungs, Rung("objective (the plan)", objective, False, "")]):
+        y = 14 + i * row_h
+        is_objective = i == len(rungs)
+        fill = "#243b53" if is_objective else ("#3f9142" if r.binding else "#9fb3c8")
+        w = width * r.value / scale
+        gap = "" if is_objective else f", {percent(objective - r.value, objective)} below"
+        label = r.name + (" (binds)" if r.binding else "")
+        weight = ' font-weight="600"' if r.binding or is_objective else ""
+        out.append(
+            f'<text x="{left - 8}" y="{y + 13}" text-anchor="end"{weight}>{esc(label)}</text>'
+            f'<rect class="rung" data-binding="{str(r.binding).lower()}" x="{left}" y="{y}" '
+            f'width="{exact(w)}" height="17" fill="{fill}" rx="2"><title>{esc(r.name)}: '
+            f"{esc(format_time(r.value))} ({esc(r.scope)})</title></rect>"
+            f'<text x="{num(left + w + 6)}" y="{y + 13}" class="muted">'
+            f"{esc(format_time(r.value) + gap)}</text>"
+        )
+    out.append("</svg>")
+    table = _ladder_table(ladder, rungs)
+    caption = (
+        "Each bar is a certified lower bound on the objective (seconds per request, or per "
+        "iteration for training plans), drawn to scale; the binding one is green."
+    )
+    return _section("bounds", "Bound ladder", _figure("\n".join(out), caption) + table)
+
+
+def _ladder_table(ladder: Ladder, rungs: list[Rung]) -> str:
+    rows = "".join(
+        f'<tr><td class="name">{esc(r.name)}{" (binds)" if r.binding else ""}</td>'
+        f"<td>{esc(format_time(r.value))}</td>"
+        f"<td>{esc(percent(ladder.objective - r.value, ladder.objective))}</td>"
+        f'<td class="name">{esc(r.scope)}</td></tr>'
+        for r in reversed(rungs)
+    )
+    rows += "".join(
+        f'<tr class="skipped"><td class="name">{esc(s.label)}</td><td>-</td><td>-</td>'
+        f'<td class="name">not computed: {esc(s.value)}</td></tr>'
+        for s in ladder.skipped
+    )
+    return (
+        '<table id="bound-table"><thead><tr><th class="name">bound</th><th>value</th>'
+        '<th>below the objective</th><th class="name">covers</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>\n"
+    )
+
+
+# ---------------------------------------------------------------------- Gantt chart
+def _gantt_section(report: Report) -> str:
+    g = report.gantt
+    if g is None:
+        return ""
+    end = max((b.end for b in g.bars), default=0.0) or 1.0
+    row_h, left, width = 26, 150, 880.0
+    height = 20 + row_h * len(g.rows) + 44
+    out = [f'<svg id="gantt" viewBox="0 0 1060 {height}" role="img" aria-label="timeline">']
+    for i, name in enumerate(g.rows):
+        out.append(f'<text x="8" y="{20 + i * row_h + 14}">{esc(name)}</text>')
+    for b in g.bars:
+        x, w = left + width * b.start / end, width * (b.end - b.start) / end
+        y = 20 + b.row * row_h
+        out.append(
+            f'<rect class="bar" data-kind="{esc(b.kind)}" x="{num(x)}" y="{y}" width="{exact(w)}" '
+            f'height="20" fill="{_kind_colour(b.kind, b.stage)}" stroke="#fff" '
+            f'stroke-width="0.5"><title>{esc(KIND_NAMES.get(b.kind, b.kind))} {esc(b.label)}: '
+            f"{esc(format_time(b.start))} to {esc(format_time(b.end))}</title></rect>"
+        )
+        if w > 7 * len(b.label) + 4 and b.kind not in TRANSFER_COLOURS:
+            out.append(
+                f'<text x="{num(x + w / 2)}" y="{y + 14}" text-anchor="middle" fill="#fff">'
+                f"{esc(b.label)}</text>"
+            )
+    axis_y = 20 + row_h * len(g.rows) + 12
+    out += _time_axis(left, width, end, axis_y)
+    out.append(_gantt_legend(g.kinds, left, axis_y + 26))
+    out.append("</svg>")
+    return _section("schedule", "Schedule", _figure("\n".join(out), g.title))
+
+
+def _kind_colour(kind: str, stage: int) -> str:
+    if kind in TRANSFER_COLOURS:
+        return TRANSFER_COLOURS[kind]
+    return darker(stage_colour(stage)) if kind == "B" else stage_colour(stage)
+
+
+def _time_axis(left: float, width: float, end: float, y: float) -> list[str]:
+    out = [f'<line x1="{left}" x2="{left + width}" y1="{y - 8}" y2="{y - 8}" stroke="#9fb3c8">']
+    out[0] += "</line>"
+    for i in range(6):
+        x = left + width * i / 5
+        out.append(
+            f'<text x="{num(x)}" y="{y + 4}" text-anchor="middle" class="muted">'
+            f"{esc(format_time(end * i / 5))}</text>"
+        )
+    return out
+
+
+def _gantt_legend(kinds: tuple[str, ...], left: float, y: float) -> str:
+    items, x = [], left
+    for kind in kinds:
+        colour = _kind_colour(kind, 0) if kind in TRANSFER_COLOURS or kind == "B" else PALETTE[0]
+        name = KIND_NAMES.get(kind, kind)
+        items.append(
+            f'<rect x="{num(x)}" y="{y - 9}" width="11" height="11" fill="{colour}"></rect>'
+            f'<text x="{num(x + 15)}" y="{y}">{esc(name)}</text>'
+        )
+        x += 30 + 7 * len(name)
+    items.append(f'<text x="{num(x + 10)}" y="{y}" class="muted">(stage colours as above)</text>')
+    return "".join(items)
+
+
+# ---------------------------------------------------------------------- sharded plans
+def _mesh_section(report: Report) -> str:
+    mesh = report.mesh
+    if mesh is None:
+        return ""
+    cols = mesh.shape[-1] if mesh.shape else 1
+    rows = max(1, len(mesh.devices) // max(cols, 1))
+    cell = 44
+    out = [
+        f'<svg id="mesh-figure" viewBox="0 0 {20 + cell * cols} {20 + cell * rows}" '
+        f'style="max-width:{20 + cell * cols}px" role="img" aria-label="mesh">'
+    ]
+    for i, d in enumerate(mesh.devices):
+        x, y = 10 + cell * (i % cols), 10 + cell * (i // cols)
+        out.append(
+            f'<rect x="{x}" y="{y}" width="{cell - 6}" height="{cell - 6}" rx="4" '
+            f'fill="{PALETTE[0]}"></rect><text x="{x + (cell - 6) / 2}" y="{y + 24}" '
+            f'text-anchor="middle" fill="#fff">{d}</text>'
+        )
+    out.append("</svg>")
+    bandwidth = ", ".join(f"{b / 1e9:.3g} GB/s" for b in mesh.bandwidth)
+    caption = (
+        f"mesh {' x '.join(map(str, mesh.shape))} of {len(mesh.devices)} devices; link "
+        f"bandwidth per mesh axis: {bandwidth or '-'}"
+    )
+    return _section("mesh", "Mesh", _figure("\n".join(out), caption))
+
+
+def _operator_section(report: Report) -> str:
+    ops = report.operators
+    if not ops:
+        return ""
+    scale = max((o.compute + o.communication for o in ops), default=0.0) or 1.0
+    body = []
+    for o in ops:
+        wc, wm = 160 * o.compute / scale, 160 * o.communication / scale
+        bar = (
+            '<svg class="opbar" width="170" height="12" viewBox="0 0 170 12">'
+            f'<rect x="0" y="1" width="{exact(wc)}" height="10" fill="{PALETTE[0]}"></rect>'
+            f'<rect x="{num(wc)}" y="1" width="{exact(wm)}" height="10" fill="{PALETTE[3]}"></rect>'
+            "</svg>"
+        )
+        body.append(
+            f'<tr class="operator"><td class="name">{esc(o.name)}</td><td class="name">'
+            f'{esc(o.op_type)}</td><td class="name"><code>{esc(o.strategy)}</code></td>'
+            f"<td>{esc(o.local_shape)}</td><td>{esc(format_time(o.compute))}</td>"
+            f"<td>{esc(format_time(o.communication) if o.communication else '-')}</td>"
+            f"<td>{bar}</td></tr>\n"
+        )
+    table = (
+        '<table id="operator-table"><thead><tr><th class="name">operator</th>'
+        '<th class="name">op</th><th class="name">strategy</th><th>local output shape</th>'
+        "<th>compute</th><th>communication</th><th>compute | communication</th></tr></thead>"
+        f"\n<tbody>\n{''.join(body)}</tbody></table>\n"
+    )
+    return _section("operators", "Operators", table)
+
+
+def _notes_section(report: Report) -> str:
+    if not report.notes:
+        return ""
+    items = "".join(f"<li>{esc(n)}</li>" for n in report.notes)
+    return _section("notes", "Notes", f'<ul class="notes">{items}</ul>\n')
+
+
+# ---------------------------------------------------------------------- building reports
+GRAPH_NODES_DRAWN = 400  # larger graphs are shown by the sequence strip only
+RUN_LIMIT = 2000  # runs of the strip beyond this are merged into their neighbours' count
+
+
+@dataclass(frozen=True)
+class GanttRow:
+    """A row of a timeline: ``source`` is the row id the simulator uses (block, device)."""
+
+    source: int
+    stage: int
+    label: str
+
+
+def number(value: object, what: str) -> float:
+    """``value`` as a finite float, or :class:`MtppError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MtppError(f"{what} is not a finite number ({value!r:.40})")
+    return float(value)
+
+
+def optional_number(value: object) -> float | None:
+    """``value`` as a float when it is a finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def sequence_runs(names: list[str], stages: list[int]) -> tuple[SequenceRun, ...]:
+    """Consecutive operators of one stage as one run (names in topological order)."""
+    runs: list[SequenceRun] = []
+    for name, stage in zip(names, stages, strict=True):
+        last = runs[-1] if runs else None
+        if last is not None and last.stage == stage:
+            runs[-1] = SequenceRun(stage, last.count + 1, last.first, name)
+        else:
+            runs.append(SequenceRun(int(stage), 1, name, name))
+    return tuple(runs)
+
+
+def graph_view(g: Graph, stage: np.ndarray) -> GraphView:
+    """The graph by depth (longest path from a source, in data edges); a graph of more than
+    :data:`GRAPH_NODES_DRAWN` nodes is not drawn (``hidden`` counts its nodes)."""
+    if g.n > GRAPH_NODES_DRAWN:
+        return GraphView((), (), hidden=g.n)
+    src, dst = g.data_edges
+    order = [int(v) for v in g.topo_order]
+    preds: list[list[int]] = [[] for _ in range(g.n)]
+    for a, b in zip(src.tolist(), dst.tolist(), strict=True):
+        if a != b:
+            preds[b].append(a)
+    depth = [0] * g.n
+    for v in order:
+        depth[v] = max((depth[u] + 1 for u in preds[v]), default=0)
+    rows: dict[int, int] = {}
+    row = [0] * g.n
+    for v in order:
+        row[v] = rows.get(depth[v], 0)
+        rows[depth[v]] = row[v] + 1
+    nodes = tuple(GraphNode(g.names[v], int(stage[v]), depth[v], row[v]) for v in range(g.n))
+    edges = tuple(GraphEdge(a, b) for b in range(g.n) for a in preds[b])
+    return GraphView(nodes, edges)
+
+
+def timeline_gantt(timeline: list, rows: tuple[GanttRow, ...], title: str) -> Gantt:
+    """A simulator's timeline (device or stage, request, kind, start, end) on ``rows``."""
+    place = {r.source: i for i, r in enumerate(rows)}
+    bars = tuple(
+        GanttBar(place[d], rows[place[d]].stage, kind, f"r{req}", start, end)
+        for d, req, kind, start, end in timeline
+        if d in place and end > start
+    )
+    return Gantt(title, tuple(r.label for r in rows), bars, ("recv", "compute", "send"))
+
+
+def schedule_gantt(run: ScheduleRun, blocks: list[int], title: str) -> Gantt:
+    """A training schedule's tasks, one row per stage (coloured by its block)."""
+    chunks = run.spec.virtual_stages > 1
+    bars = tuple(
+        GanttBar(
+            t.stage,
+            blocks[t.stage],
+            t.kind,
+            f"{t.microbatch}" + (f".{t.chunk}" if chunks else ""),
+            t.start,
+            t.end,
+        )
+        for t in run.tasks
+    )
+    rows = tuple(f"stage {b}" for b in blocks)
+    return Gantt(title, rows, bars, ("F", "B"))
+
+
+LADDER_FIELDS = ("value", "binding", "seconds", "skipped", "bounds")  # not bounds themselves
+
+
+def bound_ladder(data: dict) -> Ladder | None:
+    """The certified bounds a pipeline plan records (``stats.bound``) and its lower bound;
+    the bound named binding (else the one equal to the lower bound) binds."""
+    objective = optional_number(data.get("objective"))
+    lower = optional_number(data.get("lower_bound"))
+    if objective is None or lower is None:
+        return None
+    stats = data.get("stats") if isinstance(data.get("stats"), dict) else {}
+    bound = stats.get("bound") if isinstance(stats.get("bound"), dict) else {}
+    certified = bound.get("certified") if isinstance(bound.get("certified"), dict) else bound
+    binding = bound.get("binding") or certified.get("binding")
+    values = certified.get("bounds")
+    if not isinstance(values, dict):  # a training plan: {bound name: value, ...} itself
+        values = {k: v for k, v in certified.items() if k not in LADDER_FIELDS}
+    found = {str(k): optional_number(v) for k, v in values.items()}
+    rungs = [Rung(k, v, k == binding) for k, v in found.items() if v is not None]
+    if not any(r.binding for r in rungs):
+        name = binding if isinstance(binding, str) and binding not in found else "lower bound"
+        rungs = [r for r in rungs if r.value < lower] + [Rung(name, lower, True)]
+    skipped = certified.get("skipped") if isinstance(certified.get("skipped"), dict) else {}
+    return Ladder(objective, tuple(rungs), tuple(Fact(str(k), str(v)) for k, v in skipped.items()))
+
+
+def _placement(data: dict, blocks: int) -> list[int]:
+    raw = data.get("placement")
+    if isinstance(raw, list) and len(raw) == blocks and all(isinstance(x, int) for x in raw):
+        return [int(x) for x in raw]
+    return list(range(blocks))
+
+
+def pipeline_stage_rows(data: dict, blocks: list[dict], capacities: list[float | None]) -> tuple:
+    """One :class:`StageRow` per block of an inference plan (``Evaluation.blocks()`` form);
+    ``capacities[b]``: the hard capacity of block b's device (None: no limit)."""
+    device = _placement(data, len(blocks))
+    slowest = data.get("bottleneck_block")
+    rows = []
+    for b, blk in enumerate(blocks):
+        if not isinstance(blk, dict):
+            raise MtppError(f"block {b} of the plan is not an object")
+        value = {k: number(blk.get(k), f"block {b} {k}") for k in BLOCK_KEYS}
+        rows.append(
+            StageRow(
+                stage=b,
+                device=str(device[b]),
+                nodes=int(value["nodes"]),
+                time_parts=tuple(Part(n, value[k]) for n, k in TIME_KEYS),
+                memory_parts=(
+                    Part("weights", value["param_bytes"]),
+                    Part("activations", value["peak_bytes"]),
+                ),
+                capacity=capacities[b] if b < len(capacities) else None,
+                bottleneck=slowest == b and value["nodes"] > 0,
+            )
+        )
+    return tuple(rows)
+
+
+TIME_KEYS = (("io in", "io_in"), ("work", "work"), ("overflow", "overflow"), ("io out", "io_out"))
+BLOCK_KEYS = ("nodes", "io_in", "work", "overflow", "io_out", "param_bytes", "peak_bytes")
+
+
+def training_stage_rows(data: dict, training: dict) -> tuple:
+    """One :class:`StageRow` per stage of a training plan (``TrainingCost.to_dict()`` form):
+    time forward and backward, memory as state x weights + peak + in flight x stash."""
+    stages = training.get("stages")
+    if not isinstance(stages, list):
+        raise MtppError("the plan's training section has no list of stages")
+    state = number(training.get("optimizer_state", 4.0), "training optimizer_state")
+    blocks = [s.get("block") if isinstance(s, dict) else None for s in stages]
+    device = _placement(data, max([b for b in blocks if isinstance(b, int)], default=-1) + 1)
+    times = [optional_number(s.get("time")) or 0.0 for s in stages if isinstance(s, dict)]
+    rows = []
+    for i, s in enumerate(stages):
+        if not isinstance(s, dict) or not isinstance(s.get("block"), int):
+            raise MtppError(f"training stage {i} of the plan names no block")
+        v = {k: number(s.get(k), f"training stage {i} {k}") for k in TRAINING_KEYS}
+        rows.append(
+            StageRow(
+                stage=s["block"],
+                device=str(device[s["block"]]) if s["block"] < len(device) else "-",
+                nodes=int(v["nodes"]),
+                time_parts=(Part("forward", v["forward"]), Part("backward", v["backward"])),
+                memory_parts=(
+                    Part("state x weights", state * v["param_bytes"]),
+                    Part("activations", v["peak_bytes"]),
+                    Part("in flight x stash", v["inflight"] * v["stash_bytes"]),
+                ),
+                capacity=optional_number(s.get("capacity_bytes")),
+                bottleneck=bool(times) and times[i] == max(times),
+            )
+        )
+    return tuple(rows)
+
+
+TRAINING_KEYS = ("nodes", "forward", "backward", "param_bytes", "peak_bytes", "inflight")
+TRAINING_KEYS += ("stash_bytes",)
+
+
+def plan_facts(data: dict, kind: str) -> list[Fact]:
+    """The summary of a plan's JSON: method, status, objective, bound, gap, cluster."""
+    objective = optional_number(data.get("objective"))
+    lower = optional_number(data.get("lower_bound"))
+    cluster = data.get("cluster") if isinstance(data.get("cluster"), dict) else {}
+    what = "iteration time" if kind == "training" else "period (s per request)"
+    facts = [
+        Fact("method", str(data.get("method", "-"))[:60]),
+        Fact("status", str(data.get("status", "-"))[:40]),
+        Fact(what, shown_time(objective)),
+        Fact("lower bound", shown_time(lower)),
+        Fact(
+            "gap",
+            "-" if objective is None or lower is None else percent(objective - lower, objective),
+        ),
+    ]
+    throughput = optional_number(data.get("throughput"))
+    if throughput is not None and kind != "training":
+        facts.append(Fact("throughput", f"{throughput:.6g} requests/s"))
+    latency = optional_number(data.get("latency"))
+    if latency is not None and kind != "training":
+        facts.append(Fact("latency (one request)", format_time(latency)))
+    if cluster:
+        facts.append(
+            Fact(
+                "cluster", f"{str(cluster.get('name', '-'))[:60]}, {cluster.get('devices')} devices"
+            )
+        )
+    return facts
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """What a pipeline plan's report is built from: the plan file's content, its blocks (as
+    recorded, or recomputed from the model), every node's block in topological order, and the
+    drawings that need the model (None without it)."""
+
+    data: dict
+    title: str
+    blocks: list[dict]
+    names: list[str]
+    stages: list[int]
+    capacities: list[float | None]  # per block: its device's hard capacity (None: no limit)
+    graph: GraphView | None = None
+    gantt: Gantt | None = None
+    notes: tuple[str, ...] = ()
+
+
+MAX_GANTT_TASKS = 20_000  # a longer schedule is not drawn (the page would be megabytes)
+
+
+def pipeline_report(view: PipelineView) -> Report:
+    """The report of a pipeline plan, inference or training (a ``"training"`` section)."""
+    data = view.data
+    training = data.get("training") if isinstance(data.get("training"), dict) else None
+    kind = "pipeline" if training is None else "training"
+    facts = plan_facts(data, kind)
+    notes = list(view.notes)
+    gantt = view.gantt
+    if training is None:
+        rows = pipeline_stage_rows(data, view.blocks, view.capacities)
+    else:
+        rows = training_stage_rows(data, training)
+        spec = training_spec(training)
+        facts[1:1] = [Fact("schedule", _schedule_words(spec))]
+        gantt, note = training_gantt(training, spec, [r.stage for r in rows])
+        notes += [note] if note else []
+    if view.graph is not None and view.graph.hidden:
+        notes.append(
+            f"the graph has {view.graph.hidden} nodes, more than {GRAPH_NODES_DRAWN}: only "
+            "the sequence strip shows it"
+        )
+    return Report(
+        title=view.title,
+        kind=kind,
+        status=str(data.get("status", "-"))[:40],
+        facts=tuple(facts),
+        stages=rows,
+        ladder=bound_ladder(data),
+        sequence=sequence_runs(view.names, view.stages),
+        graph=view.graph if view.graph is not None and not view.graph.hidden else None,
+        gantt=gantt,
+        notes=tuple(notes),
+    )
+
+
+def training_spec(training: dict) -> TrainingSpec:
+    """The schedule a training plan records (refused in one line when it is not one)."""
+    return TrainingSpec(
+        schedule=training.get("schedule", "1f1b"),
+        microbatches=training.get("microbatches", 1),
+        virtual_stages=training.get("virtual_stages", 1),
+        optimizer_state=training.get("optimizer_state", 4.0),
+    )
+
+
+def _schedule_words(spec: TrainingSpec) -> str:
+    chunks = f", {spec.virtual_stages} chunks per stage" if spec.virtual_stages > 1 else ""
+    return f"{spec.schedule}, {spec.microbatches} microbatches{chunks}"
+
+
+def training_gantt(
+    training: dict, spec: TrainingSpec, blocks: list[int]
+) -> tuple[Gantt | None, str | None]:
+    """The training schedule simulated from the stages' forward and backward times (and a
+    note instead when it is too long to draw)."""
+    stages = [s for s in training.get("stages", []) if isinstance(s, dict)]
+    tasks = 2 * spec.microbatches * spec.virtual_stages * len(stages)
+    if tasks > MAX_GANTT_TASKS:
+        return None, (
+            f"the schedule has {tasks:,} tasks, more than {MAX_GANTT_TASKS:,}: its Gantt "
+            "chart is not drawn"
+        )
+    forward = [number(s.get("forward"), "training stage forward") for s in stages]
+    backward = [number(s.get("backward"), "training stage backward") for s in stages]
+    run = simulate_schedule(np.array(forward), np.array(backward), spec)
+    title = (
+        f"{_schedule_words(spec)}: makespan {format_time(run.makespan)} (simulated from the "
+        "stages' forward and backward times; light: forward, dark: backward; labels: "
+        "microbatch)"
+    )
+    return schedule_gantt(run, blocks, title), None
+
+
+def joint_report(plan: JointPlan, gantt: Gantt | None, notes: tuple[str, ...] = ()) -> Report:
+    """The report of a joint plan: stages on sub-meshes, the bound over the plan's space and
+    the universal bound, the joint simulator's timeline (when the model was found)."""
+    data = plan.to_dict()
+    facts = plan_facts(data, "joint")
+    facts.insert(1, Fact("space searched", plan.space))
+    slowest = max((s.time for s in plan.stages), default=0.0)
+    rows = tuple(
+        StageRow(
+            stage=s.index,
+            device=device_ranges(list(s.devices)) + f" (mesh {'x'.join(map(str, s.mesh.shape))})",
+            nodes=len(s.ops),
+            time_parts=(
+                Part("io in", s.io_in),
+                Part("program", s.program_time),
+                Part("io out", s.io_out),
+            ),
+            memory_parts=(Part("per device", s.memory_per_device),),
+            capacity=plan.memory_limit,
+            bottleneck=s.time == slowest,
+        )
+        for s in plan.stages
+    )
+    return Report(
+        title=f"joint plan of {plan.model_name}",
+        kind="joint",
+        status=plan.status,
+        facts=tuple(facts),
+        stages=rows,
+        ladder=joint_ladder(plan),
+        sequence=sequence_runs(
+            [op for s in plan.stages for op in s.ops],
+            [s.index for s in plan.stages for _ in s.ops],
+        ),
+        gantt=gantt,
+        notes=notes,
+    )
+
+
+def joint_ladder(plan: JointPlan) -> Ladder | None:
+    """The joint plan's bound (over the space it searched) and its universal bound."""
+    rungs = []
+    if plan.lower_bound is not None:
+        rungs.append(
+            Rung("bound over the searched space", plan.lower_bound, True, plan.bound_space)
+        )
+    if plan.universal_bound is not None:
+        rungs.append(
+            Rung("universal bound", plan.universal_bound, False, "every joint plan on this cluster")
+        )
+    return Ladder(plan.objective, tuple(rungs)) if rungs else None
+
+
+def device_ranges(devices: list[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
+    runs: list[list[int]] = []
+    for d in devices:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def spmd_report(data: dict) -> Report:
+    """The report of a sharded plan (``mtpp shard``'s plan.json): the mesh and one row per
+    operator with its strategy, local shape, compute and communication."""
+    mesh = data.get("mesh") if isinstance(data.get("mesh"), dict) else {}
+    shape = tuple(int(x) for x in mesh.get("shape", []) if isinstance(x, int))
+    devices = int(np.prod(shape)) if shape else 1
+    ops = data.get("operators") if isinstance(data.get("operators"), list) else []
+    rows = tuple(_operator_row(i, op) for i, op in enumerate(ops))
+    facts = plan_facts(data, "spmd")
+    facts.insert(1, Fact("mesh", " x ".join(map(str, shape)) or "-"))
+    for label, key in (("compute", "compute_time"), ("communication", "communication_time")):
+        facts.append(Fact(label, shown_time(optional_number(data.get(key)))))
+    facts.append(
+        Fact("memory per device", shown_bytes(optional_number(data.get("max_memory_per_device"))))
+    )
+    stats = data.get("stats") if isinstance(data.get("stats"), dict) else {}
+    lower, objective = (
+        optional_number(data.get("lower_bound")),
+        optional_number(data.get("objective")),
+    )
+    ladder = None
+    if lower is not None and objective is not None:
+        name = str(stats.get("bound") or "lower bound")[:80]
+        scope = "every sharding on this mesh" + (
+            " with the configured operators' strategies" if data.get("configured") else ""
+        )
+        ladder = Ladder(objective, (Rung(name, lower, True, scope),))
+    bandwidth = tuple(x for x in (optional_number(b) for b in mesh.get("bandwidth", [])) if x)
+    return Report(
+        title=f"sharded plan of {str(data.get('model', '-'))[:200]}",
+        kind="spmd",
+        status=str(data.get("status", "-"))[:40],
+        facts=tuple(facts),
+        ladder=ladder,
+        operators=rows,
+        mesh=MeshView(shape, tuple(range(devices)), bandwidth),
+    )
+
+
+def _operator_row(i: int, op: object) -> OperatorRow:
+    if not isinstance(op, dict):
+        raise MtppError(f"operator {i} of the plan is not an object")
+    strategy = op.get("strategy")
+    shape = op.get("local_shape") if isinstance(op.get("local_shape"), list) else []
+    return OperatorRow(
+        name=str(op.get("name", "-")),
+        op_type=str(op.get("op_type", "-")),
+        strategy=_strategy_text(strategy),
+        local_shape=" ".join("x".join(map(str, s)) or "()" for s in shape if isinstance(s, list)),
+        compute=number(op.get("compute"), f"operator {i} compute"),
+        communication=number(op.get("communication"), f"operator {i} communication"),
+    )
+
+
+def _strategy_text(strategy: object) -> str:
+    """``[[1, 4], [4, 1]]`` as ``[1,4] [4,1]`` (a slice count per dimension, per input)."""
+    if not isinstance(strategy, list):
+        return str(strategy)
+    return " ".join(
+        "[" + ",".join(map(str, s)) + "]" if isinstance(s, list) else str(s) for s in strategy
+    )
