@@ -233,7 +233,7 @@ class ShardModel:
                 if t in outputs:
                     for s, sh in enumerate(self.cands[i]):
                         r = pl.output_reduction(sh.out_layouts[pos], t)
-                        self.unary[i][s] += r.time if r is not None else 0.0
+                        self.unary[i][s] += pl.output_time(r, sh.out_layouts[pos], t)
         # bytes each operator's choices add at its own step (model-input copies)
         self.step_unary = [[0.0] * len(self.cands[i]) for i in range(n)]
         for v, op in enumerate(sm.ops):

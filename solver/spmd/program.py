@@ -283,7 +283,17 @@ class Planner:
             except ValueError:
                 continue
         plans = [self.redistribution(lay, o, tensor) for o in options]
-        return min(plans, key=lambda r: (r.time, r.bytes_per_device))
+        return min(plans, key=lambda r: (self.output_time(r, lay, tensor), r.bytes_per_device))
+
+    def output_time(self, r: Redistribution | None, lay: Layout, tensor: str) -> float:
+        """The time of a model output's reduction ``r`` from ``lay`` (None: none), in training
+        with its transpose: the output's gradient, in the reduced layout, back to ``lay``'s
+        placement (an AllGather after a ReduceScatter, nothing after an AllReduce)."""
+        if r is None:
+            return 0.0
+        if self.training is None:
+            return r.time
+        return r.time + self.redistribution(r.dst, without_partial(lay), tensor).time
 
 
 @dataclass
@@ -378,7 +388,12 @@ def evaluate(planner: Planner, strategies: dict[str, Strategy]) -> Program:
             outputs[t] = r
         out_layouts[t] = r.dst if r is not None else layouts[t]
     weights, peak = _memory(planner, shs, redists)
-    training = _training_costs(planner, shs, redists) if planner.training is not None else None
+    training = None
+    if planner.training is not None:
+        training = _training_costs(planner, shs, redists)
+        training.output_backward = sum(
+            planner.output_time(r, layouts[t], t) - r.time for t, r in outputs.items()
+        )
     return Program(
         planner.mesh,
         [op.name for op in sm.ops],

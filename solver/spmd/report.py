@@ -45,7 +45,8 @@ def plan_dict(planner: Planner, program: Program, method: str, status: str) -> d
         "communication_time": math.fsum(program.comm)
         + program.output_comm
         + _backward(program, "backward_comm")
-        + _backward(program, "sync_time"),
+        + _backward(program, "sync_time")
+        + (program.training.output_backward if program.training is not None else 0.0),
         "strategies": {
             op.name: [list(s) for s in program.shardings[v].strategy] for v, op in enumerate(sm.ops)
         },
@@ -101,7 +102,7 @@ def training_dict(planner: Planner, program: Program) -> dict:
         "optimizer_state": planner.training.optimizer_state,
         "forward_time": forward,
         "backward_compute_time": math.fsum(tr.backward_compute),
-        "backward_communication_time": math.fsum(tr.backward_comm),
+        "backward_communication_time": math.fsum(tr.backward_comm) + tr.output_backward,
         "gradient_sync_time": math.fsum(tr.sync_time),
         "trainable_weights": len(planner.flow.trainable),
         "gradient_sync": syncs,

@@ -146,15 +146,17 @@ class WeightClass:
 
 @dataclass
 class TrainingCosts:
-    """The training terms of one program, per operator (seconds), and the gradient
-    synchronisations: ``sync[(v, k)]`` for weight input k of operator v (its time and group),
-    ``zero1``: the weights whose optimizer state is sharded (ZeRO-1); the others AllReduce."""
+    """The training terms of one program, per operator (seconds), the backward of the model
+    outputs' reductions, and the gradient synchronisations: ``sync[(v, k)]`` for weight input
+    k of operator v (its time and group), ``zero1``: the weights whose optimizer state is
+    sharded (ZeRO-1); the others AllReduce."""
 
     backward_compute: list[float]
     backward_comm: list[float]
     sync_time: list[float]
     sync: dict[tuple[int, int], WeightSync] = field(default_factory=dict)
     zero1: frozenset[str] = frozenset()
+    output_backward: float = 0.0  # the model outputs' gradients back to their producers
 
     @property
     def total(self) -> float:
@@ -162,6 +164,7 @@ class TrainingCosts:
             math.fsum(self.backward_compute)
             + math.fsum(self.backward_comm)
             + math.fsum(self.sync_time)
+            + self.output_backward
         )
 
 
