@@ -115,6 +115,11 @@ CLUSTER = Cluster(name="toy", devices=3, fast_memory=1e8, capacity=4e7, link_ban
 @pytest.fixture(scope="module")
 def inference():
     """A plan of the odd graph (its certified bounds included), its JSON, simulation and page."""
+    return inference_case()
+
+
+def inference_case():
+    """(plan JSON, simulation, report, page) of the odd graph's plan on :data:`CLUSTER`."""
     g = odd_graph()
     plan = solve(g, CLUSTER, "time", SolveOptions(time_limit=5.0))
     data = plan.to_dict()
