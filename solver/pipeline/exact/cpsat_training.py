@@ -37,11 +37,17 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.core.cluster import Cluster
+from solver.core.cost import lower_bound
 from solver.core.graph import Graph, coarse_view
 from solver.core.progress import NULL_PROGRESS, Progress
 from solver.core.result import OPTIMALITY_TOL, optimal_within
 from solver.core.sat import MAX_COEF, new_solver, search_params
-from solver.core.training import TrainingCost, TrainingSpec, training_cost
+from solver.core.training import (
+    TrainingCost,
+    TrainingSpec,
+    training_cost,
+    training_lower_bound,
+)
 from solver.pipeline.exact.cpsat import (
     BIG_MODEL_VARS,
     BUILD_SHARE,
@@ -228,6 +234,25 @@ class _TrainingModel(_Model):
             m.Add(self.t[b] <= Tmax)
         if self.obj_cap is not None:
             m.Add(self._objective() <= self.obj_cap)
+        self._add_known_bounds(hi)
+
+    def _add_known_bounds(self, hi: int) -> None:
+        """Tmax >= S * (the universal bound on max f) and the objective variable >= S v *
+        (the memory-free training bound), rounded down: both are variables above the plan's
+        terms, so every plan keeps a value at most S v T (as the inference model's T)."""
+        g, cluster, m, w = self.g, self.cluster, self.m, self.w
+        low = 1 - 1e-12
+        t_low = math.floor(lower_bound(g, cluster) * self.S * low)
+        if t_low > 0:
+            m.Add(min(t_low, self.ub_int if self.ub_int is not None else t_low) <= self.T)
+        real = training_lower_bound(g, cluster, self.k, self.spec)
+        obj_low = math.floor(real * self.S * w.divisor * low)
+        if self.obj_cap is not None:
+            obj_low = min(obj_low, self.obj_cap)
+        top = (w.A * self.k + w.B) * hi
+        self.obj_low = max(0, obj_low)
+        self.obj = m.NewIntVar(self.obj_low, max(top, obj_low, 1), "objective")
+        m.Add(self.obj >= self._objective())
 
     def _largest_stage_int(self) -> int:
         w = self.w_class if self.placed else [self.w_int]
@@ -257,7 +282,7 @@ class _TrainingModel(_Model):
         return self.w.A * sum(self.t) + self.w.B * self.T
 
     def _minimize(self) -> None:
-        self.m.Minimize(self._objective())
+        self.m.Minimize(self.obj)
 
     def _objective_error(self) -> int:
         """Integer units by which a plan's objective can fall below S v T: the rounded terms
@@ -330,6 +355,8 @@ class _TrainingModel(_Model):
         for b in range(self.k):
             self.m.AddHint(self.t[b], int(t[b]))
         self.m.AddHint(self.T, int(t.max()))
+        value = self.w.A * int(t.sum()) + self.w.B * int(t.max())
+        self.m.AddHint(self.obj, max(value, self.obj_low))
 
 
 # ---------------------------------------------------------------------- the solve
