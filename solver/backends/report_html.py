@@ -280,6 +280,7 @@ svg { display: block; width: 100%; height: auto; }
 svg.opbar { display: inline-block; width: 170px; }
 svg text { font: 11px system-ui, -apple-system, "DejaVu Sans", sans-serif; fill: var(--ink); }
 svg .muted { fill: var(--muted); }
+svg text.on { fill: #fff; font-weight: 600; }
 .notes { color: var(--muted); }
 footer { color: var(--muted); font-size: 12px; padding: 0 28px 24px; }
 """
@@ -497,7 +498,12 @@ def _graph_section(report: Report) -> str:
     caption = (
         "Top: every operator in topological order, coloured by its stage (runs of one stage "
         "merged). "
-        + ("Below: the graph, left to right by depth." if report.graph is not None else "")
+        + (
+            "Below: the graph, left to right by depth; dark edges cross stages (their tensors "
+            "are sent), arcs skip columns."
+            if report.graph is not None
+            else ""
+        )
     )
     legend = _stage_legend(sorted({r.stage for r in report.sequence}))
     return _section("graph", "The graph by stage", legend + _figure("\n".join(parts), caption))
@@ -527,7 +533,7 @@ def _sequence_svg(runs: tuple[SequenceRun, ...]) -> str:
             f"operator{'s' if r.count > 1 else ''}, {what}</title></rect>"
         )
         if w > 28:
-            out.append(f'<text x="{num(x + 4)}" y="27" fill="#fff">{r.stage}</text>')
+            out.append(f'<text x="{num(x + 4)}" y="27" class="on">{r.stage}</text>')
         x += w
     out.append('<text x="10" y="53" class="muted">first operator</text>')
     out.append(f'<text x="1050" y="53" class="muted" text-anchor="end">last ({total})</text>')
@@ -535,32 +541,71 @@ def _sequence_svg(runs: tuple[SequenceRun, ...]) -> str:
     return "\n".join(out)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where the graph's nodes go: column and row spacing, node radius, the arcs' headroom."""
+
+    dx: float
+    dy: float
+    radius: float
+    top: float
+
+    def at(self, n: GraphNode) -> tuple[float, float]:
+        return 20 + self.dx * (n.column + 0.5), self.top + self.dy * (n.row + 0.5)
+
+    def arc(self, span: int) -> float:
+        """Height of the arc of an edge that skips ``span`` columns on one row."""
+        return min(ARC_MOST, 6 + 4 * math.log2(span)) if span > 1 else 0.0
+
+
+ARC_MOST = 48.0  # pixels: the highest arc of an edge that skips columns along a row
+
+
 def _graph_svg(view: GraphView) -> str:
     columns = max((n.column for n in view.nodes), default=0) + 1
     rows = max((n.row for n in view.nodes), default=0) + 1
     dx = max(8.0, min(60.0, 1020.0 / columns))
     dy = max(8.0, min(36.0, 520.0 / rows))
-    radius = max(2.5, min(7.0, min(dx, dy) / 3))
-    width, height = 40 + dx * columns, 30 + dy * rows
-    pos = [(20 + dx * (n.column + 0.5), 15 + dy * (n.row + 0.5)) for n in view.nodes]
+    spans = [abs(view.nodes[e.target].column - view.nodes[e.source].column) for e in view.edges]
+    flat = [view.nodes[e.target].row == view.nodes[e.source].row == 0 for e in view.edges]
+    layout = _Layout(dx, dy, max(2.5, min(7.0, min(dx, dy) / 3)), 10.0)
+    top = 10 + max((layout.arc(s) for s, f in zip(spans, flat, strict=True) if f), default=0)
+    layout = _Layout(dx, dy, layout.radius, top)
+    width, height = 40 + dx * columns, top + 15 + dy * rows
     out = [
         f'<svg id="graph-figure" viewBox="0 0 {num(width)} {num(height)}" role="img" '
         'aria-label="graph coloured by stage">'
     ]
-    for e in view.edges:
-        (x1, y1), (x2, y2) = pos[e.source], pos[e.target]
-        out.append(
-            f'<line x1="{num(x1)}" y1="{num(y1)}" x2="{num(x2)}" y2="{num(y2)}" '
-            'stroke="#bcccdc" stroke-width="1"></line>'
-        )
-    for n, (x, y) in zip(view.nodes, pos, strict=True):
+    out += [_edge_svg(view, e, layout) for e in view.edges]
+    for n in view.nodes:
+        x, y = layout.at(n)
         out.append(
             f'<circle class="node" data-stage="{n.stage}" cx="{num(x)}" cy="{num(y)}" '
-            f'r="{num(radius)}" fill="{stage_colour(n.stage)}" stroke="#fff" stroke-width="1">'
-            f"<title>{esc(n.name)} (stage {n.stage})</title></circle>"
+            f'r="{num(layout.radius)}" fill="{stage_colour(n.stage)}" stroke="#fff" '
+            f'stroke-width="1"><title>{esc(n.name)} (stage {n.stage})</title></circle>'
         )
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _edge_svg(view: GraphView, e: GraphEdge, layout: _Layout) -> str:
+    """An edge: straight, or an arc above the row when it skips columns along one row; dark
+    when it crosses stages (its tensor is sent)."""
+    a, b = view.nodes[e.source], view.nodes[e.target]
+    (x1, y1), (x2, y2) = layout.at(a), layout.at(b)
+    cut = a.stage != b.stage
+    style = 'stroke="#52606d" stroke-width="1.4"' if cut else 'stroke="#bcccdc" stroke-width="1"'
+    lift = layout.arc(abs(b.column - a.column)) if a.row == b.row else 0.0
+    if lift:
+        mid = (x1 + x2) / 2
+        return (
+            f'<path class="edge{" cut" if cut else ""}" d="M{num(x1)},{num(y1)} Q{num(mid)},'
+            f'{num(y1 - 2 * lift)} {num(x2)},{num(y2)}" fill="none" {style}></path>'
+        )
+    return (
+        f'<line class="edge{" cut" if cut else ""}" x1="{num(x1)}" y1="{num(y1)}" '
+        f'x2="{num(x2)}" y2="{num(y2)}" {style}></line>'
+    )
 
 
 # ---------------------------------------------------------------------- bound ladder
@@ -641,7 +686,7 @@ def _gantt_section(report: Report) -> str:
         )
         if w > 7 * len(b.label) + 4 and b.kind not in TRANSFER_COLOURS:
             out.append(
-                f'<text x="{num(x + w / 2)}" y="{y + 14}" text-anchor="middle" fill="#fff">'
+                f'<text x="{num(x + w / 2)}" y="{y + 14}" text-anchor="middle" class="on">'
                 f"{esc(b.label)}</text>"
             )
     axis_y = 20 + row_h * len(g.rows) + 12
@@ -700,7 +745,7 @@ def _mesh_section(report: Report) -> str:
         out.append(
             f'<rect x="{x}" y="{y}" width="{cell - 6}" height="{cell - 6}" rx="4" '
             f'fill="{PALETTE[0]}"></rect><text x="{x + (cell - 6) / 2}" y="{y + 24}" '
-            f'text-anchor="middle" fill="#fff">{d}</text>'
+            f'text-anchor="middle" class="on">{d}</text>'
         )
     out.append("</svg>")
     bandwidth = ", ".join(f"{b / 1e9:.3g} GB/s" for b in mesh.bandwidth)
