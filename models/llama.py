@@ -13,6 +13,9 @@ is created with ``truncate``: it has the full size (13.5 GB for the 7B) but no b
 written, so it takes no disk space and building takes well under a second. Such weights read
 as zeros: the model has the exact shape, sizes and FLOPs of the real one, for planning, not
 for numerics. ``--random-weights`` writes seeded random values instead (small models only).
+Nodes are named by their module as torch's exporter names them (``/model/layers.3/MatMul_30``,
+``/model/embed_tokens/...``, ``/model/norm/...``, ``/lm_head/...``), so the planners read the
+layers (practitioners' splits, layer-granular plans, framework exports).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class _Graph:
     weights: list = field(default_factory=list)  # (name, shape, offset, nbytes)
     consts: list = field(default_factory=list)
     offset: int = 0
+    scope: str = ""  # the module the next nodes belong to, as torch's exporter names them
     _n: int = 0
 
     def name(self, base: str) -> str:
@@ -102,9 +106,8 @@ class _Graph:
 
     def op(self, op_type: str, inputs, base: str | None = None, n_out: int = 1, **attrs):
         outs = [self.name(base or op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), outs, name=self.name(op_type), **attrs)
-        )
+        name = f"{self.scope}/{self.name(op_type)}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs[0] if n_out == 1 else outs
 
 
@@ -188,14 +191,18 @@ def llama(s: LlamaShape, data_name: str) -> tuple[onnx.ModelProto, list]:
     ``(name, shape, offset, nbytes)``."""
     g = _Graph()
     c = _constants(g, s)
+    g.scope = "/model/embed_tokens"
     x = g.op("Gather", [g.weight("embed_tokens", [s.vocab, s.hidden]), "input_ids"], axis=0)
     for i in range(s.layers):
+        g.scope = f"/model/layers.{i}"
         x = g.op(
             "Add",
             [x, _attention(g, _rmsnorm(g, x, s.hidden, f"layers.{i}.ln1", c["eps"]), s, i, c)],
         )
         x = g.op("Add", [x, _mlp(g, _rmsnorm(g, x, s.hidden, f"layers.{i}.ln2", c["eps"]), s, i)])
+    g.scope = "/model/norm"
     x = _rmsnorm(g, x, s.hidden, "norm", c["eps"])
+    g.scope = "/lm_head"
     logits = g.op("MatMul", [x, g.weight("lm_head", [s.hidden, s.vocab])], base="logits")
     inits = list(g.consts)
     for name, shape, offset, nbytes in g.weights:
