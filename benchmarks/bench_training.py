@@ -57,12 +57,12 @@ class Outcome:
 
 
 def model_path(seq: int, out_dir: Path) -> Path:
-    """The Llama-2-7B shape at ``seq`` tokens (built once; the weight file is a sparse hole)."""
+    """The Llama-2-7B shape at ``seq`` tokens, built afresh (well under a second: the weight
+    file is a sparse hole), so that it is the current generator's."""
     path = out_dir / f"llama7b-s{seq}.onnx"
-    if not path.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(ROOT / "models" / "llama.py"), "--preset", "7b"]
-        subprocess.run([*cmd, "--seq", str(seq), "--out", str(path)], check=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "models" / "llama.py"), "--preset", "7b", "--force"]
+    subprocess.run([*cmd, "--seq", str(seq), "--out", str(path)], check=True, capture_output=True)
     return path
 
 
