@@ -3,6 +3,7 @@ table of solver.frontends.onnx.backward, on small models with exact expected num
 
 from __future__ import annotations
 
+import argparse
 from fractions import Fraction
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from models import llama
+from solver.cli.common import load_graph_and_cluster
 from solver.core.graph import Graph
 from solver.frontends import load_graph, native
 from solver.frontends.onnx.backward import (
@@ -198,3 +200,12 @@ def test_the_docs_table_lists_every_rule():
         factor = float(Fraction(cells[1].split()[0]))
         listed.update(dict.fromkeys(cells[0].split(", "), factor))
     assert listed == {op: rule.factor for op, rule in RULES.items()}
+
+
+def test_a_training_command_reads_the_table_and_an_inference_command_does_not(tmp_path):
+    path = str(mlp(tmp_path))
+    base = dict(graph=path, cluster=None, devices=None, dim=[], work="roofline", memory=None)
+    g, _ = load_graph_and_cluster(argparse.Namespace(**base, schedule="1f1b"))
+    assert g.stash is not None and g.stash[g.index["relu"]] == 4 * 16 * 4
+    g, _ = load_graph_and_cluster(argparse.Namespace(**base, schedule=None))
+    assert g.work_backward is None and g.stash is None
