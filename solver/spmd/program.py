@@ -193,7 +193,7 @@ class Planner:
     def backward_compute(self, i: int, sh: OpSharding) -> float:
         if not self.flow.has_backward[i]:
             return 0.0
-        return backward_factor(self.sm.ops[i].op_type) * self.compute_time(i, sh)
+        return backward_factor(self.sm.ops[i], self.flow.needs_grad) * self.compute_time(i, sh)
 
     def weight_syncs(self, i: int, sh: OpSharding) -> dict[int, WeightSync]:
         """Data input k -> the gradient synchronisation of that trainable weight under ``sh``

@@ -9,9 +9,11 @@ when the backward of its consumer leaves it, and :func:`state_factor` how many b
 training state a weight shard costs.
 
 The rules:
-- backward compute = ``BACKWARD_FACTOR`` x the forward compute of every operator with a
-  gradient to compute: 2 for matrix products (MatMul, Gemm, Conv: the gradients of both
-  operands, each a product of the forward's size), 1 for every other operator;
+- backward compute = factor x the forward compute of every operator a gradient flows
+  through, the factor from the table the pipeline side uses
+  (:data:`solver.frontends.onnx.backward.RULES`, docs/training.md "Backward costs of ONNX
+  operators"): a matrix product 1 per operand that needs a gradient (2 for x W, 1 for the
+  first layer on a model input), Relu 1, Softmax 4/5, ...;
 - the gradient of data input k of an operator lies on the operator's device matrix in the
   input's own layout, with partial sums over every split loop that does not index the input
   (the transpose of the forward: a loop the forward sums over the input's copies);
@@ -34,13 +36,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from solver.core.errors import MtppError
+from solver.frontends.onnx.backward import DEFAULT_FACTOR, RULES
 from solver.spmd.mesh import Layout
-from solver.spmd.model import ShardModel, Unloaded
+from solver.spmd.model import Op, ShardModel, Unloaded
 from solver.spmd.rules import OpSharding
 
-MATRIX_PRODUCTS = frozenset({"MatMul", "Gemm", "Conv"})
-BACKWARD_FACTOR_PRODUCT = 2.0  # two products of the forward's size: the gradient of each operand
-BACKWARD_FACTOR_OTHER = 1.0  # reads the output gradient and the saved input once
 WEIGHT_AND_GRADIENT = 2.0  # bytes of weight and gradient per byte of weights (never sharded)
 
 
@@ -96,8 +96,17 @@ def gradient_flow(sm: ShardModel) -> GradientFlow:
     return GradientFlow(frozenset(trainable), frozenset(needs), tuple(backward))
 
 
-def backward_factor(op_type: str) -> float:
-    return BACKWARD_FACTOR_PRODUCT if op_type in MATRIX_PRODUCTS else BACKWARD_FACTOR_OTHER
+def backward_factor(op: Op, needs_grad: frozenset[str]) -> float:
+    """The backward's compute over the forward's for operator ``op`` (the table's factor, per
+    operand that needs a gradient for the matrix operators; 2 for an operator not in it)."""
+    rule = RULES.get(op.op_type)
+    if rule is None:
+        return DEFAULT_FACTOR
+    if not rule.per_operand:
+        return rule.factor
+    inputs = list(op.node.input)
+    positions = range(len(inputs)) if rule.operands is None else rule.operands
+    return rule.factor * sum(j < len(inputs) and inputs[j] in needs_grad for j in positions)
 
 
 def gradient_axes(sh: OpSharding, k: int) -> tuple[int, ...]:
