@@ -543,35 +543,55 @@ def _sequence_svg(runs: tuple[SequenceRun, ...]) -> str:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where the graph's nodes go: column and row spacing, node radius, the arcs' headroom."""
+    """Where the graph's nodes go: columns of depth, wrapped into bands of ``band`` columns
+    stacked top to bottom; ``top`` is the headroom of the arcs above each band's first row."""
 
     dx: float
     dy: float
     radius: float
     top: float
+    band: int
+    band_height: float
 
     def at(self, n: GraphNode) -> tuple[float, float]:
-        return 20 + self.dx * (n.column + 0.5), self.top + self.dy * (n.row + 0.5)
+        band, column = divmod(n.column, self.band)
+        return 20 + self.dx * (column + 0.5), (
+            band * self.band_height + self.top + self.dy * (n.row + 0.5)
+        )
 
-    def arc(self, span: int) -> float:
-        """Height of the arc of an edge that skips ``span`` columns on one row."""
-        return min(ARC_MOST, 6 + 4 * math.log2(span)) if span > 1 else 0.0
+    def same_band(self, a: GraphNode, b: GraphNode) -> bool:
+        return a.column // self.band == b.column // self.band
 
 
-ARC_MOST = 48.0  # pixels: the highest arc of an edge that skips columns along a row
+def _arc(span: int) -> float:
+    """Height of the arc of an edge that skips ``span`` columns along a row."""
+    return min(ARC_MOST, 6 + 4 * math.log2(span)) if span > 1 else 0.0
+
+
+ARC_MOST = 40.0  # pixels: the highest arc of an edge that skips columns along a row
+BAND_COLUMNS = 64  # columns of depth per band of the drawing
+
+
+def _graph_layout(view: GraphView) -> _Layout:
+    columns = max((n.column for n in view.nodes), default=0) + 1
+    rows = max((n.row for n in view.nodes), default=0) + 1
+    band = min(columns, BAND_COLUMNS)
+    dx = 1020.0 / band
+    dy = max(8.0, min(36.0, 400.0 / rows))
+    arcs = [
+        _arc(abs(b.column - a.column))
+        for a, b in ((view.nodes[e.source], view.nodes[e.target]) for e in view.edges)
+        if a.row == b.row == 0 and a.column // band == b.column // band
+    ]
+    top = 10 + max(arcs, default=0.0)
+    radius = max(2.5, min(7.0, min(dx, dy) / 3))
+    return _Layout(dx, dy, radius, top, band, top + dy * rows + 14)
 
 
 def _graph_svg(view: GraphView) -> str:
-    columns = max((n.column for n in view.nodes), default=0) + 1
-    rows = max((n.row for n in view.nodes), default=0) + 1
-    dx = max(8.0, min(60.0, 1020.0 / columns))
-    dy = max(8.0, min(36.0, 520.0 / rows))
-    spans = [abs(view.nodes[e.target].column - view.nodes[e.source].column) for e in view.edges]
-    flat = [view.nodes[e.target].row == view.nodes[e.source].row == 0 for e in view.edges]
-    layout = _Layout(dx, dy, max(2.5, min(7.0, min(dx, dy) / 3)), 10.0)
-    top = 10 + max((layout.arc(s) for s, f in zip(spans, flat, strict=True) if f), default=0)
-    layout = _Layout(dx, dy, layout.radius, top)
-    width, height = 40 + dx * columns, top + 15 + dy * rows
+    layout = _graph_layout(view)
+    bands = max((n.column for n in view.nodes), default=0) // layout.band + 1
+    width, height = 40 + layout.dx * layout.band, layout.band_height * bands
     out = [
         f'<svg id="graph-figure" viewBox="0 0 {num(width)} {num(height)}" role="img" '
         'aria-label="graph coloured by stage">'
@@ -589,22 +609,29 @@ def _graph_svg(view: GraphView) -> str:
 
 
 def _edge_svg(view: GraphView, e: GraphEdge, layout: _Layout) -> str:
-    """An edge: straight, or an arc above the row when it skips columns along one row; dark
-    when it crosses stages (its tensor is sent)."""
+    """An edge: straight, an arc above the row when it skips columns along one row, or two
+    dashed stubs when it continues in a later band; dark when it crosses stages (its tensor is
+    sent)."""
     a, b = view.nodes[e.source], view.nodes[e.target]
     (x1, y1), (x2, y2) = layout.at(a), layout.at(b)
     cut = a.stage != b.stage
     style = 'stroke="#52606d" stroke-width="1.4"' if cut else 'stroke="#bcccdc" stroke-width="1"'
-    lift = layout.arc(abs(b.column - a.column)) if a.row == b.row else 0.0
+    kind = f'class="edge{" cut" if cut else ""}"'
+    if not layout.same_band(a, b):
+        stub = 0.6 * layout.dx
+        return (
+            f'<path {kind} d="M{num(x1)},{num(y1)} h{num(stub)} M{num(x2 - stub)},{num(y2)} '
+            f'h{num(stub)}" fill="none" stroke-dasharray="2,2" {style}></path>'
+        )
+    lift = _arc(abs(b.column - a.column)) if a.row == b.row else 0.0
     if lift:
         mid = (x1 + x2) / 2
         return (
-            f'<path class="edge{" cut" if cut else ""}" d="M{num(x1)},{num(y1)} Q{num(mid)},'
-            f'{num(y1 - 2 * lift)} {num(x2)},{num(y2)}" fill="none" {style}></path>'
+            f'<path {kind} d="M{num(x1)},{num(y1)} Q{num(mid)},{num(y1 - 2 * lift)} '
+            f'{num(x2)},{num(y2)}" fill="none" {style}></path>'
         )
     return (
-        f'<line class="edge{" cut" if cut else ""}" x1="{num(x1)}" y1="{num(y1)}" '
-        f'x2="{num(x2)}" y2="{num(y2)}" {style}></line>'
+        f'<line {kind} x1="{num(x1)}" y1="{num(y1)}" x2="{num(x2)}" y2="{num(y2)}" {style}></line>'
     )
 
 
@@ -794,8 +821,7 @@ def _notes_section(report: Report) -> str:
 
 
 # ---------------------------------------------------------------------- building reports
-GRAPH_NODES_DRAWN = 400  # larger graphs are shown by the sequence strip only
-RUN_LIMIT = 2000  # runs of the strip beyond this are merged into their neighbours' count
+GRAPH_NODES_DRAWN = 1000  # larger graphs are shown by the sequence strip only
 
 
 @dataclass(frozen=True)
@@ -909,7 +935,12 @@ def bound_ladder(data: dict) -> Ladder | None:
         name = binding if isinstance(binding, str) and binding not in found else "lower bound"
         rungs = [r for r in rungs if r.value < lower] + [Rung(name, lower, True)]
     skipped = certified.get("skipped") if isinstance(certified.get("skipped"), dict) else {}
-    return Ladder(objective, tuple(rungs), tuple(Fact(str(k), str(v)) for k, v in skipped.items()))
+    computed = {r.name for r in rungs}  # a bound found before the others were tried
+    return Ladder(
+        objective,
+        tuple(rungs),
+        tuple(Fact(str(k), str(v)) for k, v in skipped.items() if str(k) not in computed),
+    )
 
 
 def _placement(data: dict, blocks: int) -> list[int]:

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from solver.backends.report_html import (
+    BAND_COLUMNS,
     BAR_WIDTH,
     GanttRow,
     PipelineView,
     Report,
+    bound_ladder,
     graph_view,
     pipeline_report,
     render_html,
@@ -281,3 +283,45 @@ def test_a_report_without_parts_leaves_their_sections_out():
     assert not page.find("table", id="stage-table")
     assert not page.find("svg")
     assert page.find("title")[0].text == "empty <plan>"
+
+
+def test_a_long_graph_is_drawn_in_bands_joined_by_stubs():
+    n = 150  # a chain: depth 0..149, bands of BAND_COLUMNS columns
+    g = Graph.build(
+        [f"v{i}" for i in range(n)], np.ones(n), np.ones(n), [(i, i + 1) for i in range(n - 1)]
+    )
+    stage = np.arange(n) * 3 // n
+    page = parse(render_html(Report("chain", "pipeline", "-", (), graph=graph_view(g, stage))))
+    ys = sorted({float(c.attrs["cy"]) for c in page.find("circle", class_="node")})
+    assert len(ys) == math.ceil(n / BAND_COLUMNS)
+    stubs = [p for p in page.find("path") if p.attrs.get("stroke-dasharray")]
+    assert len(stubs) == len(ys) - 1  # the chain edges from one band's end to the next's start
+    cut = page.find("line", class_="cut") + [
+        p for p in page.find("path") if "cut" in p.attrs.get("class", "").split()
+    ]
+    assert len(cut) == 2  # the two edges between the three stages
+
+
+def test_a_bound_found_before_the_others_were_tried_binds_and_is_not_listed_as_skipped():
+    data = {
+        "objective": 2.0,
+        "lower_bound": 1.9,
+        "stats": {
+            "bound": {
+                "binding": "ideals",
+                "value": 1.9,
+                "certified": {
+                    "binding": "chain",
+                    "bounds": {"universal": 1.0, "chain": 1.5},
+                    "skipped": {"ideals": "not needed", "weights": "not needed"},
+                },
+            }
+        },
+    }
+    ladder = bound_ladder(data)
+    assert [(r.name, r.value, r.binding) for r in ladder.rungs] == [
+        ("universal", 1.0, False),
+        ("chain", 1.5, False),
+        ("ideals", 1.9, True),
+    ]
+    assert [s.label for s in ladder.skipped] == ["weights"]
