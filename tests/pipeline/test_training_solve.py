@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from itertools import combinations
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from solver.pipeline.exact.brute import all_assignments
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import FEASIBLE, OPTIMAL, read_plan_training, save_plan
 from solver.pipeline.training import solve as training_solve
-from solver.pipeline.training.exact import TrainingDPDoesNotApply
+from solver.pipeline.training.exact import TrainingDPDoesNotApply, layer_training_plan
 from tests.conftest import problems, scaled_examples
 
 SPECS = [
@@ -220,3 +221,51 @@ def test_plan_file_records_the_spec(tmp_path):
     data["training"]["virtual_stages"] = 2.5
     with pytest.raises(MtppError, match=r"plan.json: 'training': the number of virtual stages"):
         read_plan_training(data, path)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.schedule}-m{s.microbatches}")
+def test_best_whole_layer_split_is_the_best_over_every_run_of_layers(spec):
+    """The training DP over layer prefixes equals the best of every split into runs of whole
+    layers (stages of 1..k runs), memory included; it is a warm start, never a bound."""
+    layers, per = 6, 2
+    names = [f"model.layers.{i // per}.op{i % per}" for i in range(layers * per)]
+    stash = np.random.default_rng(14).random(layers * per) * 6
+    g0 = _chain(layers * per, 13, stash=stash)
+    g = replace(g0, names=tuple(names))
+    of_node = np.arange(g.n) // per
+    k = 3
+    free = Cluster("c", k, link_bandwidth=1.5)
+    loose = layer_training_plan(g, free, k, spec, of_node)
+    top = max(s.memory for s in loose.cost.stages)
+    below = [m for m in _run_split_memories(g, free, k, spec, of_node) if m < top * (1 - 1e-9)]
+    for cap in (None, top, max(below), 0.5 * min(below)):
+        cluster = replace(free, capacity=cap)
+        best = _best_run_split(g, cluster, k, spec, of_node)
+        sol = layer_training_plan(g, cluster, k, spec, of_node)
+        assert sol.lower == 0.0  # a restricted problem's bound is no bound
+        if math.isinf(best):
+            assert sol.assignment is None and cap == 0.5 * min(below)
+            continue
+        assert sol.cost.valid and sol.value == pytest.approx(best, rel=1e-9)
+        if cap == max(below):  # the memory binds: the free optimum does not fit
+            assert sol.value > loose.value * (1 + 1e-9)
+
+
+def _splits(of_node, k):
+    layers = int(of_node.max()) + 1
+    for p in range(1, k + 1):
+        for cuts in combinations(range(1, layers), p - 1):
+            yield np.searchsorted(np.array(cuts, dtype=int), of_node, side="right")
+
+
+def _run_split_memories(g, cluster, k, spec, of_node) -> list[float]:
+    return [
+        max(s.memory for s in training_cost(g, cluster, a, spec).stages)
+        for a in _splits(of_node, k)
+    ]
+
+
+def _best_run_split(g, cluster, k, spec, of_node) -> float:
+    """The least T over every split of the layers into 1..k runs (brute force)."""
+    costs = [training_cost(g, cluster, a, spec) for a in _splits(of_node, k)]
+    return min((c.iteration_time for c in costs if c.valid), default=math.inf)

@@ -134,6 +134,38 @@ def exact_training_plan(
     return sol
 
 
+def layer_training_plan(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    spec: TrainingSpec,
+    layer_of_node: np.ndarray,
+    time_limit: float = 60.0,
+    upper: float = math.inf,
+) -> TrainingSolution:
+    """The plan of least T among those whose stages are runs of whole layers (``layer_of_node``,
+    0..L-1 in order, e.g. :func:`solver.pipeline.training.splits.read_layers`), each stage
+    fitting its memory: the same DP over the L + 1 layer prefixes in place of every ideal.
+    A warm start: its bound is over layer-granular plans only, a restricted problem, so
+    ``lower`` is not a bound on T (it stays 0), and its plan is checked by the model (``cost``
+    names a violation when a layer prefix is not closed under the graph's order)."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    if not cluster.homogeneous:
+        raise TrainingDPDoesNotApply("the training DP needs devices and links that are alike")
+    layers = int(layer_of_node.max()) + 1
+    prefixes = layer_of_node[None, :] < np.arange(layers + 1)[:, None]
+    blocks = _price_blocks(g, cluster, spec, prefixes, upper, deadline)
+    sol = TrainingSolution(ideals=len(prefixes), blocks=len(blocks.time))
+    best = _search(blocks, len(prefixes), k, spec, cluster.capacity, deadline, sol)
+    sol.lower = 0.0
+    if best.ideals is not None:
+        sol.assignment = _assignment(prefixes, best.ideals, g.n)
+        sol.cost = training_cost(g, cluster, sol.assignment, spec, k=k)
+    sol.seconds = time.perf_counter() - t0
+    return sol
+
+
 def _ideals(cg: Graph, deadline: float) -> np.ndarray:
     try:
         return enumerate_ideals(cg, MAX_IDEALS, deadline)

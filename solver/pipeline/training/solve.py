@@ -36,6 +36,7 @@ from solver.core.training import TrainingCost, TrainingSpec, training_cost
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first
 from solver.pipeline.heuristics.baselines import contiguous_split
 from solver.pipeline.options import SolveOptions
+from solver.pipeline.placement import planning_cluster
 from solver.pipeline.plan import FEASIBLE, OPTIMAL, Plan, make_plan
 from solver.pipeline.runners import WARM_START_SHARE, quick_assignment
 from solver.pipeline.topology import run_method
@@ -48,14 +49,16 @@ from solver.pipeline.training.certificate import (
 from solver.pipeline.training.exact import (
     TrainingDPDoesNotApply,
     exact_training_plan,
+    layer_training_plan,
 )
-from solver.pipeline.training.splits import practitioner_splits
+from solver.pipeline.training.splits import practitioner_splits, read_layers
 
 DP_SHARE = 0.5  # of what is left for the exact training DP when CP-SAT may follow
 # the names of the bounds (stats["bound"]["binding"])
 DP_BOUND = "training ideal DP"
 CPSAT_BOUND = "cpsat"
 ONE_BLOCK = "one block: every device tried"
+LAYER_DP = "best whole-layer split"  # the training DP over layer prefixes (a warm start)
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,31 @@ def _warm_starts(
     try:
         splits = practitioner_splits(g, cluster, k, spec)
     except MtppError:  # no layers to split (no numbered modules, no separators)
-        splits = []
-    return out + [Candidate(s.name, s.assignment, s.cost) for s in splits]
+        return out
+    out += [Candidate(s.name, s.assignment, s.cost) for s in splits]
+    return out + _best_layer_split(g, cluster, k, spec, out, deadline)
+
+
+def _best_layer_split(g, cluster, k, spec, known, deadline: float) -> list[Candidate]:
+    """The least-T plan whose stages are runs of whole layers, each fitting its memory (the
+    training DP over layer prefixes; a warm start only: its bound is over a restricted
+    problem). On a cluster whose devices or links differ it runs on the flat planning view
+    (reference speed, the smallest capacity) and its plan is priced on the real devices."""
+    try:
+        sol = layer_training_plan(
+            g,
+            planning_cluster(cluster).with_devices(k),
+            k,
+            spec,
+            read_layers(g).of_node,
+            time_limit=max(0.05, deadline - time.perf_counter()),
+            upper=_value(_best(known)),
+        )
+    except TrainingDPDoesNotApply:
+        return []
+    if sol.assignment is None:
+        return []
+    return [Candidate(LAYER_DP, sol.assignment, training_cost(g, cluster, sol.assignment, spec))]
 
 
 def _best(candidates: list[Candidate | None]) -> Candidate | None:
