@@ -13,18 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from solver.backends.report_html import (
-    Gantt,
+from solver.backends.plan_report import (
     GanttRow,
     PipelineView,
-    Report,
     graph_view,
     joint_report,
     pipeline_report,
-    render_html,
     spmd_report,
     timeline_gantt,
 )
+from solver.backends.report_html import Gantt, Report, render_html
 from solver.backends.simulate import simulate
 from solver.backends.simulate_joint import simulate_joint
 from solver.cli.common import console, input_paths, print_json

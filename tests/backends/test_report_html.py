@@ -11,19 +11,16 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from solver.backends.report_html import (
-    BAND_COLUMNS,
-    BAR_WIDTH,
+from solver.backends.plan_report import (
     GanttRow,
     PipelineView,
-    Report,
     bound_ladder,
     graph_view,
     pipeline_report,
-    render_html,
     sequence_runs,
     timeline_gantt,
 )
+from solver.backends.report_html import BAND_COLUMNS, BAR_WIDTH, Report, render_html
 from solver.backends.simulate import simulate
 from solver.core.cluster import Cluster
 from solver.core.graph import Graph
