@@ -365,7 +365,8 @@ def joint_report(plan: JointPlan, gantt: Gantt | None, notes: tuple[str, ...] = 
     """The report of a joint plan: stages on sub-meshes, the bound over the plan's space and
     the universal bound, the joint simulator's timeline (when the model was found)."""
     data = plan.to_dict()
-    facts = plan_facts(data, "joint")
+    scoped = {"lower bound": "lower bound (searched space)", "gap": "gap (searched space)"}
+    facts = [Fact(scoped.get(f.label, f.label), f.value) for f in plan_facts(data, "joint")]
     facts.insert(1, Fact("space searched", plan.space))
     slowest = max((s.time for s in plan.stages), default=0.0)
     rows = tuple(
