@@ -8,6 +8,9 @@ A plan comes in three kinds (``loaded.kind``):
   ``mtpp shard``;
 - ``"joint"`` (:class:`JointPlanFiles`): pipeline stages, each an SPMD program on its devices.
 
+A pipeline plan with ``training`` set is a training plan (docs/training.md): it is priced
+with the training model and simulated under its schedule.
+
 Each command is a dict ``{kind: function}``: :data:`EVALUATE`, :data:`SIMULATE`,
 :data:`EXPORT`; :func:`evaluate`, :func:`simulate` and :func:`export` look the plan's kind up
 there and call the back end of that kind. A kind a command has no back end for (a sharded
@@ -15,8 +18,10 @@ plan has no simulator) is refused in one line. The functions return what the bac
 returns, wrapped in a record that names the kind (:class:`Evaluated`, :class:`Simulated`,
 :class:`Exported`), so a caller prints per kind from one call.
 
-The command line reads the plan file and builds the loaded plan (it knows the options);
-this module does not print and knows no option names besides those a joint plan refuses.
+This is the one path of ``mtpp evaluate``, ``mtpp simulate`` and ``mtpp export``: the
+command line reads the plan file and builds the loaded plan (it knows the options), calls
+the function here, and prints the record it gets back. This module does not print and knows
+no option names besides those a joint or training plan refuses.
 It is imported by the command line only: ``backends/__init__`` stays empty, since every import
 of a back end module (a spawned stage process of ``mtpp run`` too) runs it.
 """
@@ -24,30 +29,34 @@ of a back end module (a spawned stage process of ``mtpp run`` too) runs it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from solver.backends.evaluate_plan import PlanEvaluation, evaluate_plan
 from solver.backends.export import export_plan
 from solver.backends.export_joint import export_joint
 from solver.backends.export_spmd import write_out
+from solver.backends.frameworks import export_framework
+from solver.backends.schedule import TrainingSimulation, simulate_training_plan
 from solver.backends.simulate import Simulation
 from solver.backends.simulate import simulate as simulate_pipeline
 from solver.backends.simulate_joint import simulate_joint
 from solver.core.cluster import Cluster
-from solver.core.cost import evaluate as evaluate_pipeline
-from solver.core.cost import validate
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
 from solver.core.graph import Graph
+from solver.core.result import INVALID
+from solver.core.training import TrainingSpec
 from solver.spmd.model import ShardModel
 from solver.spmd.program import Planner
 from solver.spmd.program import evaluate as evaluate_program
 
 PIPELINE, SPMD, JOINT = "pipeline", "spmd", "joint"
 KINDS = (PIPELINE, SPMD, JOINT)
+ONNX = "onnx"  # the export format of stage models; the others: solver.backends.frameworks
 
 
 # ---------------------------------------------------------------------- loaded plans
@@ -60,8 +69,13 @@ class PipelinePlan:
     cluster: Cluster
     assignment: np.ndarray  # block of every node
     placement: np.ndarray | None = None  # device of every block; None: block b on device b
-    model_path: Path | None = None  # the ONNX model the graph came from (export needs it)
+    model_path: str | Path | None = None  # the ONNX model the graph came from (export needs it)
     stage: np.ndarray | None = None  # pipeline stage of every node (export); None: its block
+    data: dict = field(default_factory=dict)  # the plan file's content: method, claims
+    claims_apply: bool = False  # the file was made for this cluster (by content): a
+    # consistent OPTIMAL claim may stand for the status (evaluate)
+    training: TrainingSpec | None = None  # a training plan's schedule (None: inference)
+    plan_path: str | Path | None = None  # the plan file (framework exports name it)
 
 
 @dataclass
@@ -82,8 +96,12 @@ class JointPlanFiles:
     kind: ClassVar[str] = JOINT
     plan: Any  # solver.joint.plan.JointPlan
     sm: ShardModel
-    model_path: Path
-    plan_path: Path | None = None  # the plan file, copied as is by export
+    model_path: str | Path
+    plan_path: str | Path | None = None  # the plan file, copied as is by export
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.plan.cluster
 
 
 LoadedPlan = PipelinePlan | SpmdPlan | JointPlanFiles
@@ -104,7 +122,7 @@ class SimulateOptions:
 class ExportOptions:
     """Where and how to export; ``inputs`` are files the output folder must not replace."""
 
-    out_dir: Path
+    out_dir: str | Path
     dims: dict[str, int] | None = None
     verify: bool = False
     tolerance: float | None = None
@@ -112,29 +130,43 @@ class ExportOptions:
     force: bool = False
     inputs: tuple[Path, ...] = ()
     verify_memory_ok: bool = False
+    format: str = ONNX  # a pipeline plan: also a framework's form (solver.backends.frameworks)
 
 
 @dataclass
 class Evaluated:
-    """A plan priced again from its inputs."""
+    """A plan priced again from its inputs, with the status that follows."""
 
     kind: str
-    objective: float  # seconds per request (the period)
+    objective: float  # seconds per request (the period); a training plan: T
     violations: list[str]  # empty: the plan is valid
-    detail: Any  # Evaluation (pipeline), Program (spmd), JointSimulation (joint)
+    detail: Any  # PlanEvaluation (pipeline), Program (spmd), JointSimulation (joint)
+    plan: Any = None  # the plan with its evaluated status (INVALID when it has violations)
+    claim: dict = field(default_factory=dict)  # what the file claims, checked (claimed_status,
+    # "claim" in words when checked against recomputed numbers, "used" for the status)
 
     @property
     def valid(self) -> bool:
         return not self.violations
 
+    @property
+    def claim_refused(self) -> bool:
+        """The file claims what the recomputed numbers contradict."""
+        return self.claim.get("claim", "").startswith("invalid")
+
 
 @dataclass
 class Simulated:
-    """A simulation: ``sim`` for every kind, ``detail`` the kind's own record."""
+    """A simulation: ``sim`` for every kind but a training plan's, ``detail`` the kind's own
+    record."""
 
     kind: str
-    sim: Simulation
-    detail: Any  # the Simulation (pipeline) or the JointSimulation (joint)
+    sim: Simulation | None  # None: a training plan (its schedule is in ``detail``)
+    detail: Any  # Simulation (pipeline), TrainingSimulation (training), JointSimulation (joint)
+
+    @property
+    def valid(self) -> bool:
+        return self.detail.valid
 
 
 @dataclass
@@ -149,9 +181,13 @@ class Exported:
 
 # ---------------------------------------------------------------------- evaluate
 def _evaluate_pipeline(p: PipelinePlan) -> Evaluated:
-    ev = evaluate_pipeline(p.graph, p.cluster, p.assignment, placement=p.placement)
-    bad = validate(p.graph, p.cluster, p.assignment, placement=p.placement)
-    return Evaluated(PIPELINE, ev.objective, [str(v) for v in bad], ev)
+    """Priced again, the bound recomputed, the file's claims checked
+    (:func:`solver.backends.evaluate_plan.evaluate_plan`)."""
+    ev: PlanEvaluation = evaluate_plan(
+        p.graph, p.cluster, p.assignment, p.placement, p.data, p.claims_apply, p.training
+    )
+    violations = [str(v) for v in ev.violations]
+    return Evaluated(PIPELINE, ev.plan.objective, violations, ev, ev.plan, ev.claim)
 
 
 def _evaluate_spmd(p: SpmdPlan) -> Evaluated:
@@ -160,9 +196,14 @@ def _evaluate_spmd(p: SpmdPlan) -> Evaluated:
 
 
 def _evaluate_joint(p: JointPlanFiles) -> Evaluated:
-    """Every stage priced again and checked against the memory limit (as ``mtpp evaluate``)."""
+    """Every stage priced again (the loader refuses a number that differs) and checked against
+    the memory limit. The bound is the file's (stated over its space): checked against the
+    objective, not recomputed; the status is the file's unless a stage does not fit."""
     js = simulate_joint(p.plan, p.sm, requests=2)
-    return Evaluated(JOINT, p.plan.objective, list(js.sim.violations), js)
+    violations = list(js.sim.violations)
+    plan = replace(p.plan, status=INVALID) if violations else p.plan
+    claim = {"claimed_status": p.plan.status, "used": not violations}
+    return Evaluated(JOINT, p.plan.objective, violations, js, plan, claim)
 
 
 EVALUATE: dict[str, Callable[[Any], Evaluated]] = {
@@ -179,6 +220,8 @@ def evaluate(loaded: LoadedPlan) -> Evaluated:
 
 # ---------------------------------------------------------------------- simulate
 def _simulate_pipeline(p: PipelinePlan, options: SimulateOptions) -> Simulated:
+    if p.training is not None:
+        return _simulate_training(p, options)
     sim = simulate_pipeline(
         p.graph,
         p.cluster,
@@ -192,13 +235,36 @@ def _simulate_pipeline(p: PipelinePlan, options: SimulateOptions) -> Simulated:
     return Simulated(PIPELINE, sim, sim)
 
 
+def _simulate_training(p: PipelinePlan, options: SimulateOptions) -> Simulated:
+    """A training plan's schedule run once (its microbatches are the requests)."""
+    refuse_options(options, "a training plan", requests=True)
+    ts: TrainingSimulation = simulate_training_plan(
+        p.graph, p.cluster, p.assignment, p.training, placement=p.placement
+    )
+    return Simulated(PIPELINE, None, ts)
+
+
 def _simulate_joint(p: JointPlanFiles, options: SimulateOptions) -> Simulated:
-    defaults = SimulateOptions(requests=options.requests)
-    for option, name in (("--mode", "mode"), ("--overlap", "overlap"), ("--latency", "latency")):
-        if getattr(options, name) != getattr(defaults, name):
-            raise MtppError(f"{option} does not apply to a joint plan; drop it")
+    refuse_options(options, "a joint plan")
     js = simulate_joint(p.plan, p.sm, requests=options.requests)
     return Simulated(JOINT, js.sim, js)
+
+
+def refuse_options(options: SimulateOptions, what: str, requests: bool = False) -> None:
+    """Refuse the pipeline simulation's options (``requests`` too, when asked) that ``what``
+    does not take, given a value other than the default."""
+    defaults = SimulateOptions() if requests else SimulateOptions(requests=options.requests)
+    for option, name in SIMULATION_OPTIONS:
+        if getattr(options, name) != getattr(defaults, name):
+            raise MtppError(f"{option} does not apply to {what}; drop it")
+
+
+SIMULATION_OPTIONS = (
+    ("--requests", "requests"),
+    ("--mode", "mode"),
+    ("--overlap", "overlap"),
+    ("--latency", "latency"),
+)
 
 
 SIMULATE: dict[str, Callable[[Any, SimulateOptions], Simulated]] = {
@@ -216,6 +282,8 @@ def simulate(loaded: LoadedPlan, options: SimulateOptions | None = None) -> Simu
 def _export_pipeline(p: PipelinePlan, o: ExportOptions) -> Exported:
     if p.model_path is None:
         raise MtppError("export needs the ONNX model the plan's graph was imported from")
+    if o.format != ONNX:
+        return _export_framework(p, o)
     report = export_plan(
         p.model_path,
         p.graph,
@@ -234,6 +302,16 @@ def _export_pipeline(p: PipelinePlan, o: ExportOptions) -> Exported:
     return Exported(PIPELINE, Path(o.out_dir), report)
 
 
+def _export_framework(p: PipelinePlan, o: ExportOptions) -> Exported:
+    """The stages of a plan that cuts only between modules, in a framework's form; the
+    report is what ``mtpp export --format FMT --json`` prints."""
+    rep = export_framework(
+        o.format, p.model_path, p.graph, p.assignment, o.out_dir, p.plan_path, o.force
+    )
+    report = {"format": rep.format, "out": str(rep.out_dir), "files": list(rep.files)}
+    return Exported(PIPELINE, Path(o.out_dir), report)
+
+
 def _export_spmd(p: SpmdPlan, o: ExportOptions) -> Exported:
     """``strategies.yaml``, ``plan.json`` and ``annotated.onnx`` (verify: ``mtpp shard
     --verify``, before the plan is written, by the caller)."""
@@ -243,6 +321,8 @@ def _export_spmd(p: SpmdPlan, o: ExportOptions) -> Exported:
 
 
 def _export_joint(p: JointPlanFiles, o: ExportOptions) -> Exported:
+    if o.format != ONNX:
+        raise MtppError(f"a joint plan is exported as ONNX stage models, not {o.format}")
     manifest = export_joint(
         p.plan,
         p.model_path,

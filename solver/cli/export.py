@@ -1,5 +1,11 @@
 """mtpp export: the sharded ONNX model of a plan, optionally verified; or, with ``--format``,
-the stages of a layer-granular plan in a PyTorch framework's form."""
+the stages of a layer-granular plan in a PyTorch framework's form.
+
+One path for every kind: the options are checked, the plan file is read and loaded
+(:func:`solver.cli.plan_files.load_plan`), :func:`solver.backends.dispatch.export` writes it
+by its kind, and the report it returns is printed. Exit 1 when ``--verify`` finds a stage
+output that differs.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from solver.backends.export import export_plan
-from solver.backends.export_joint import export_joint
-from solver.backends.frameworks import export_framework
+from solver.backends import dispatch
+from solver.backends.dispatch import ONNX, ExportOptions
 from solver.cli.common import console, fmt, input_paths, parse_dims, print_json
-from solver.cli.plan_files import (
-    JOINT,
-    command_plan,
-    load_joint,
-    load_pipeline_plan,
-    refuse_pipeline_options,
-)
+from solver.cli.plan_files import JOINT, NOT_FOR_JOINT, command_plan, load_plan, refuse_for_kind
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
 from solver.core.text import esc
@@ -27,43 +26,57 @@ from solver.core.units import format_bytes
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the sharded ONNX model of a pipeline plan (a joint plan: one folder per stage)."""
+    """Write a plan's stages: ONNX stage models (a joint plan: one folder per stage), or with
+    ``--format`` a framework's form."""
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
     if args.plan is not None and Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     # a joint plan may come alone: it names its model
-    plan = command_plan(args, "export", "name the plan: mtpp export MODEL.onnx PLAN --out DIR")
+    plan_file = command_plan(args, "export", "name the plan: mtpp export MODEL.onnx PLAN --out DIR")
     if args.format != ONNX:
-        return cmd_export_framework(args, plan)
-    if plan.kind == JOINT:
-        return cmd_export_joint(args, plan)
+        check_framework_request(args, plan_file)
+    else:
+        refuse_for_kind(args, plan_file, NOT_FOR_JOINT)
     check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    check_verify_options(args)
-    p = load_pipeline_plan(args, plan)
-    report = export_plan(
-        args.graph,
-        p.graph,
-        p.assignment,
+    if args.format == ONNX:
+        check_verify_options(args)
+    loaded = load_plan(args, plan_file)
+    options = ExportOptions(
         args.out,
         dims=parse_dims(args),
-        stage=p.data.get("stages"),  # the stages a manual-sharding YAML states
         verify=args.verify,
         tolerance=args.tolerance,
         seed=args.seed,
         force=args.force,
-        inputs=[args.plan],
+        inputs=tuple(input_paths(args)),
         verify_memory_ok=args.verify_memory_ok,
-        placement=p.placement,  # None: block b on device b
+        format=args.format,
     )
-    ok = report.get("verify", {}).get("ok", True)
-    if args.json:
-        report["out"] = args.out
+    record = dispatch.export(loaded, options)
+    ok = record.report.get("verify", {}).get("ok", True)
+    if args.format != ONNX:
+        print_framework_export(record.report, args.json)
+    else:
+        PRINTERS[record.kind](args, record.report, ok)
+    return 0 if ok else 1
+
+
+def print_framework_export(report: dict, as_json: bool) -> None:
+    """What a framework export wrote."""
+    if as_json:
         print_json(report)
     else:
+        console().print(f"wrote {esc(report['out'])}: {', '.join(report['files'])}")
+
+
+def print_pipeline_export(args: argparse.Namespace, report: dict, ok: bool) -> None:
+    """A pipeline export's report: as JSON, or in words (:func:`print_export`)."""
+    if args.json:
+        print_json({**report, "out": args.out})
+    else:
         print_export(console(), args.out, report, ok)
-    return 0 if ok else 1
 
 
 def print_export(con, out: str, report: dict, ok: bool) -> None:
@@ -125,25 +138,8 @@ def check_verify_options(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------- framework forms
-ONNX = "onnx"  # --format of the stage models; the others are solver.backends.frameworks.FORMATS
 # options of the ONNX export's check, refused with a framework format (given a non-default value)
 VERIFY_OPTIONS = {"--verify": False, "--verify-memory-ok": False, "--tolerance": None, "--seed": 0}
-
-
-def cmd_export_framework(args: argparse.Namespace, plan_file) -> int:
-    """``--format torch|torchtitan|megatron|deepspeed|vllm``: the stages of a plan that cuts
-    only between modules, as that framework takes them, with a README.md showing the call."""
-    check_framework_request(args, plan_file)
-    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    p = load_pipeline_plan(args, plan_file)
-    rep = export_framework(
-        args.format, args.graph, p.graph, p.assignment, args.out, args.plan, args.force
-    )
-    if args.json:
-        print_json({"format": rep.format, "out": str(rep.out_dir), "files": list(rep.files)})
-    else:
-        console().print(f"wrote {esc(str(rep.out_dir))}: {', '.join(rep.files)}")
-    return 0
 
 
 def check_framework_request(args: argparse.Namespace, plan_file) -> None:
@@ -163,35 +159,15 @@ def check_framework_request(args: argparse.Namespace, plan_file) -> None:
 
 
 # ---------------------------------------------------------------------- joint plans
-def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
-    """One folder per stage (solver.backends.export_joint), optionally verified through the chain;
-    ``plan_file`` is the joint plan's :class:`solver.cli.plan_files.PlanFile`."""
-
-    refuse_pipeline_options(args, {"--work": "roofline"})
-    check_verify_options(args)
-    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
-    plan = load_joint(args, plan_file).plan
-    report = export_joint(
-        plan,
-        args.graph,
-        args.out,
-        plan_path=args.plan,
-        dims=parse_dims(args),
-        verify=args.verify,
-        tolerance=args.tolerance,
-        seed=args.seed,
-        force=args.force,
-        inputs=input_paths(args),
-        verify_memory_ok=args.verify_memory_ok,
-    )
+def print_joint_export(args: argparse.Namespace, report: dict, ok: bool) -> None:
+    """What a joint export wrote (one folder per stage) and its verification through the
+    chain, as JSON or in words; a failed verification is named on stderr first."""
     v = report.get("verify")
-    ok = v is None or v["ok"]
     if v is not None and not ok:
         print(f"mtpp: verify failed: {v['failure'] or 'a model output differs'}", file=sys.stderr)
     if args.json:
-        report["out"] = args.out
-        print_json(report)
-        return 0 if ok else 1
+        print_json({**report, "out": args.out})
+        return
     con = console()
     con.print(
         f"wrote {esc(args.out)}: "
@@ -215,4 +191,6 @@ def cmd_export_joint(args: argparse.Namespace, plan_file) -> int:
                 f"  {esc(name)}: max abs diff {fmt(c['max_abs_diff'])}, max rel diff "
                 f"{fmt(c['max_rel_diff'])} (tolerance {c['tolerance']:.3g})"
             )
-    return 0 if ok else 1
+
+
+PRINTERS = {dispatch.PIPELINE: print_pipeline_export, dispatch.JOINT: print_joint_export}

@@ -6,6 +6,12 @@ plan, and a list of ``{node, device, stage}`` (YAML or JSON, optionally under ``
 manual sharding. A ``--cluster`` given beside a plan that records its cluster must be that
 cluster by content (devices, groups, links, memory, compute; the name may differ): it is
 accepted when it agrees and refused in one line naming both clusters when it does not.
+
+:func:`load_plan` is the one loader of ``mtpp evaluate``, ``simulate`` and ``export``: it
+builds, by the kind the file holds, the loaded plan that :mod:`solver.backends.dispatch`
+takes (a manual sharding is a pipeline plan; a pipeline plan with a ``"training"`` section a
+training plan). :func:`refuse_for_kind` refuses, before anything is loaded, the options the
+file's kind does not take.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.backends.dispatch import JointPlanFiles, LoadedPlan, PipelinePlan
 from solver.cli.common import load_graph_and_cluster, memory_arg, parse_dims
 from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
@@ -26,7 +33,12 @@ from solver.frontends.sharding_points import parse_sharding
 from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, joint_plan_from_data
 from solver.joint.stages import check_stages
 from solver.pipeline.heuristics.manual import manual_assignment
-from solver.pipeline.plan import PLAN_FORMAT, plan_assignment_from_data, read_plan_placement
+from solver.pipeline.plan import (
+    PLAN_FORMAT,
+    plan_assignment_from_data,
+    read_plan_placement,
+    read_plan_training,
+)
 from solver.spmd.model import ShardModel, load_model
 
 PIPELINE, JOINT, MANUAL = "pipeline plan", "joint plan", "manual sharding"
@@ -288,3 +300,38 @@ def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
         plan.memory_limit = memory
     check_against_model(plan, sm, plan_file.path)
     return JointInputs(plan, sm)
+
+
+# ---------------------------------------------------------------------- the one loader
+# options that only a pipeline graph's cost model reads (a joint plan prices its own model)
+NOT_FOR_JOINT = {"--work": "roofline"}
+
+
+def refuse_for_kind(args: argparse.Namespace, plan: PlanFile, joint_refuses: dict) -> None:
+    """Refuse, before loading, the options (name -> default) a joint plan does not take."""
+    if plan.kind == JOINT:
+        refuse_pipeline_options(args, joint_refuses)
+
+
+def load_plan(args: argparse.Namespace, plan: PlanFile) -> LoadedPlan:
+    """The plan of a command's plan file, as :mod:`solver.backends.dispatch` takes it, by the
+    kind read from the file's content."""
+    if plan.kind == JOINT:
+        joint = load_joint(args, plan)
+        return JointPlanFiles(joint.plan, joint.model, args.graph, plan.path)
+    training = read_plan_training(plan.data, plan.path) if plan.kind == PIPELINE else None
+    if training is not None:  # the ONNX graph with its backward costs (frontends.onnx)
+        args.training_costs = True
+    p = load_pipeline_plan(args, plan)
+    return PipelinePlan(
+        p.graph,
+        p.cluster,
+        p.assignment,
+        p.placement,
+        model_path=args.graph if Path(args.graph).suffix.lower() == ".onnx" else None,
+        stage=p.data.get("stages"),  # the stages a manual-sharding YAML states
+        data=p.data,
+        claims_apply=p.recorded is not None and cluster_difference(p.recorded, p.cluster) is None,
+        training=training,
+        plan_path=plan.path,
+    )

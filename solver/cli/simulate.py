@@ -1,20 +1,23 @@
-"""mtpp simulate: a discrete-event pipeline simulation of a plan."""
+"""mtpp simulate: a discrete-event pipeline simulation of a plan.
+
+One path for every kind: the plan file is read and loaded (:func:`solver.cli.plan_files.
+load_plan`), :func:`solver.backends.dispatch.simulate` runs the simulator of its kind (a joint
+plan's stages, a training plan's schedule), and the record it returns is drawn and printed.
+Exit 1 when the simulation finds the plan invalid.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt, simulate
-from solver.backends.simulate_joint import simulate_joint
+from solver.backends import dispatch
+from solver.backends.dispatch import JointPlanFiles, PipelinePlan, Simulated, SimulateOptions
+from solver.backends.schedule import gantt_chart
+from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt
 from solver.cli.common import console, input_paths, print_json, print_list_line
-from solver.cli.plan_files import (
-    JOINT,
-    command_plan,
-    load_joint,
-    load_pipeline_plan,
-    refuse_pipeline_options,
-)
+from solver.cli.plan_files import NOT_FOR_JOINT, command_plan, load_plan, refuse_for_kind
+from solver.cli.solve import print_training_simulation
 from solver.core.errors import MtppError
 from solver.core.files import check_output_file
 from solver.core.text import CONTROL_CHARS, esc
@@ -47,24 +50,26 @@ def _image_formats() -> set[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    plan = command_plan(args, "simulate")
-    if plan.kind == JOINT:
-        return cmd_simulate_joint(args, plan)
+    plan_file = command_plan(args, "simulate")
+    refuse_for_kind(args, plan_file, JOINT_REFUSES)
     check_simulation_size(1, args.requests)  # the device count is known once loaded
     check_latency(args.latency)
     if args.gantt is not None:
         check_gantt_path(args.gantt, input_paths(args))
-    p = load_pipeline_plan(args, plan)
-    sim = simulate(
-        p.graph,
-        p.cluster,
-        p.assignment,
-        requests=args.requests,
-        mode=args.mode,
-        overlap=args.overlap,
-        latency=args.latency,
-        placement=p.placement,
-    )
+    loaded = load_plan(args, plan_file)
+    options = SimulateOptions(args.requests, args.mode, args.overlap, args.latency)
+    record = dispatch.simulate(loaded, options)
+    PRINTERS[record.kind, record.sim is None](record, loaded, args)
+    return 0 if record.valid else 1
+
+
+# the pipeline simulation's options a joint plan refuses (name -> default)
+JOINT_REFUSES = {"--mode": "pipelined", "--overlap": False, "--latency": None, **NOT_FOR_JOINT}
+
+
+def print_pipeline(record: Simulated, p: PipelinePlan, args: argparse.Namespace) -> None:
+    """A pipeline plan's simulation: its Gantt chart, then JSON or words."""
+    sim = record.sim
     if args.gantt is not None:
         draw_gantt(
             sim,
@@ -77,9 +82,46 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out["cluster"] = p.cluster.to_dict()
         out["graph"] = p.graph.name
         print_json(out)
-        return 0 if sim.valid else 1
-    print_simulation(console(), sim, p.graph.name, p.cluster, args)
-    return 0 if sim.valid else 1
+    else:
+        print_simulation(console(), sim, p.graph.name, p.cluster, args)
+
+
+def print_training(record: Simulated, p: PipelinePlan, args: argparse.Namespace) -> None:
+    """A training plan's schedule run once, next to its model (docs/training.md)."""
+    ts = record.detail
+    if args.gantt is not None:
+        gantt_chart(ts.run, args.gantt)
+    if args.json:
+        print_json({**ts.to_dict(), "cluster": p.cluster.to_dict()})
+    else:
+        print_training_simulation(console(), ts, p.cluster, args.gantt)
+
+
+def print_joint(record: Simulated, p: JointPlanFiles, args: argparse.Namespace) -> None:
+    """A joint plan through the joint simulator: its Gantt chart, then JSON or words."""
+    js, plan = record.detail, p.plan
+    if args.gantt is not None:
+        title = f"{plan.model_name}: joint plan, {len(plan.stages)} stages"
+        draw_gantt(js.sim, plan.cluster.devices, args.gantt, title=title)
+    if args.json:
+        out = js.to_dict()
+        out.update(
+            model=plan.model_name,
+            cluster=plan.cluster.to_dict(),
+            plan_objective=plan.objective,
+            plan_latency=plan.latency,
+        )
+        print_json(out)
+    else:
+        print_joint_simulation(console(), js, plan, args)
+
+
+# (kind, a training plan's schedule) -> printer
+PRINTERS = {
+    (dispatch.PIPELINE, False): print_pipeline,
+    (dispatch.PIPELINE, True): print_training,
+    (dispatch.JOINT, False): print_joint,
+}
 
 
 def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespace) -> None:
@@ -116,34 +158,6 @@ def print_simulation(con, sim, graph_name: str, cluster, args: argparse.Namespac
 
 
 # ---------------------------------------------------------------------- joint plans
-def cmd_simulate_joint(args: argparse.Namespace, plan_file) -> int:
-    """A joint plan (a :class:`solver.cli.plan_files.PlanFile`) through the joint simulator."""
-    refuse_pipeline_options(
-        args, {"--mode": "pipelined", "--overlap": False, "--latency": None, "--work": "roofline"}
-    )
-    check_simulation_size(1, args.requests)
-    if args.gantt is not None:
-        check_gantt_path(args.gantt, input_paths(args))
-    joint = load_joint(args, plan_file)
-    plan = joint.plan
-    js = simulate_joint(plan, joint.model, requests=args.requests)
-    if args.gantt is not None:
-        title = f"{plan.model_name}: joint plan, {len(plan.stages)} stages"
-        draw_gantt(js.sim, plan.cluster.devices, args.gantt, title=title)
-    if args.json:
-        out = js.to_dict()
-        out.update(
-            model=plan.model_name,
-            cluster=plan.cluster.to_dict(),
-            plan_objective=plan.objective,
-            plan_latency=plan.latency,
-        )
-        print_json(out)
-        return 0 if js.valid else 1
-    print_joint_simulation(console(), js, plan, args)
-    return 0 if js.valid else 1
-
-
 def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
     """The pipeline in words, one row per stage (its parts and collectives), violations."""
     from rich import box

@@ -287,7 +287,7 @@ def test_tables_fit_a_recorded_80_column_console(long_names, tmp_path, capsys):
     from solver.backends.simulate import simulate
     from solver.cli.inspect_graph import print_inspect
     from solver.cli.simulate import print_simulation
-    from solver.cli.solve import _print_plan
+    from solver.cli.solve import print_plan as _print_plan
     from solver.frontends import load_graph, resolve_cluster
     from solver.pipeline.options import SolveOptions
     from solver.pipeline.registry import solve
