@@ -311,10 +311,10 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def check_backward_ops(sm: ShardModel, needs: frozenset[str]) -> None:
+def check_backward_ops(sm: ShardModel, has_backward: tuple[bool, ...]) -> None:
     """Refuse (one line) a model whose backward has an operator this emulation lacks."""
-    for op in sm.ops:
-        if any(t in needs for t in op.data_inputs) and op.op_type not in BACKWARD_OPS:
+    for op, backward in zip(sm.ops, has_backward, strict=True):
+        if backward and op.op_type not in BACKWARD_OPS:
             raise MtppError(
                 f"--verify --training runs the backward of {', '.join(BACKWARD_OPS)} only; node "
                 f"{op.name!r} is a {op.op_type}: verify without --training"
@@ -472,7 +472,7 @@ def verify_backward(planner: Planner, program: Program, seed: int = 0) -> dict:
     """The backward of a training plan on emulated devices against numerical gradients of the
     whole model on onnxruntime (random inputs, output gradients and directions, seeded)."""
     sm, flow = planner.sm, planner.flow
-    check_backward_ops(sm, flow.needs_grad)
+    check_backward_ops(sm, flow.has_backward)
     feeds = random_inputs(sm, seed)
     rng = np.random.default_rng(seed + 1)
     seeds = {t: rng.standard_normal(sm.shapes[t]) for t in sm.outputs if t in flow.needs_grad}

@@ -232,8 +232,9 @@ class Planner:
         if self.training is None:
             return lay
         t = self.sm.ops[v].data_inputs[k]
-        grad = canonical(gradient_layout(sh, k)) if t in self.flow.needs_grad else None
-        return InputClass(lay, grad, self.flow.has_backward[v])
+        backward = self.flow.has_backward[v]
+        grad = canonical(gradient_layout(sh, k)) if backward and t in self.flow.needs_grad else None
+        return InputClass(lay, grad, backward)
 
     def class_edge_cost(self, a, b, tensor: str) -> EdgeCost:
         """The cost of an edge whose producer's end is class ``a`` and consumer's ``b``."""

@@ -74,7 +74,8 @@ class GradientFlow:
 
     trainable: frozenset[str]
     needs_grad: frozenset[str]
-    has_backward: tuple[bool, ...]  # per operator: some data input needs a gradient
+    has_backward: tuple[bool, ...]  # per operator: a data input needs a gradient, and an
+    # output is floating point (the gradient flows through it)
 
 
 def gradient_flow(sm: ShardModel) -> GradientFlow:
@@ -89,10 +90,11 @@ def gradient_flow(sm: ShardModel) -> GradientFlow:
     needs = set(trainable)
     backward = []
     for op in sm.ops:
-        reached = any(t in needs for t in op.data_inputs)
+        floating = [t for t in op.outputs if np.issubdtype(sm.dtypes[t], np.floating)]
+        reached = bool(floating) and any(t in needs for t in op.data_inputs)
         backward.append(reached)
         if reached:
-            needs.update(t for t in op.outputs if np.issubdtype(sm.dtypes[t], np.floating))
+            needs.update(floating)
     return GradientFlow(frozenset(trainable), frozenset(needs), tuple(backward))
 
 
