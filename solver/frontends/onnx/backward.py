@@ -327,10 +327,11 @@ def backward_costs(calls: list[OpCall]) -> BackwardCosts:
     stashed: set[str] = set()
     unknown: dict[str, int] = defaultdict(int)
     for i, call in enumerate(calls):
-        grad[i] = _needs_backward(call, grad)
+        rule = RULES.get(call.op_type)
+        # an operator without a gradient (Floor, ArgMax, ...) also stops it for its consumers
+        grad[i] = rule is not NO_GRADIENT and _needs_backward(call, grad)
         if not grad[i]:
             continue
-        rule = RULES.get(call.op_type)
         if rule is None:
             unknown[call.op_type] += 1
             factor[i] = DEFAULT_FACTOR

@@ -209,3 +209,18 @@ def test_a_training_command_reads_the_table_and_an_inference_command_does_not(tm
     assert g.stash is not None and g.stash[g.index["relu"]] == 4 * 16 * 4
     g, _ = load_graph_and_cluster(argparse.Namespace(**base, schedule=None))
     assert g.work_backward is None and g.stash is None
+
+
+def test_an_operator_without_gradient_stops_it_for_its_consumers():
+    x = Operand("x", 32.0, True, producer=0)
+    w = Operand("w", 64.0, True, weight=True)
+    calls = [
+        op("Input", [], [x]),
+        op("Mul", [x, w], [Operand("t", 32.0, True, 1)]),  # dW = dT x keeps x
+        op("Floor", [Operand("t", 32.0, True, 1)], [Operand("f", 32.0, True, 2)]),
+        op("MatMul", [Operand("f", 32.0, True, 2), w], [Operand("y", 16.0, True, 3)]),
+    ]
+    got = backward_costs(calls)
+    # Floor has none, so the product computes dW alone (1 x) and keeps f for it
+    assert got.factor.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert got.stash.tolist() == [0.0, 32.0, 0.0, 32.0]
