@@ -38,6 +38,7 @@ from solver.core.graph import Graph
 from solver.core.training import TrainingSpec
 from solver.core.units import format_time
 from solver.joint.plan import JointPlan
+from solver.pipeline.plan import read_plan_training
 
 # ---------------------------------------------------------------------- building reports
 GRAPH_NODES_DRAWN = 1000  # larger graphs are shown by the sequence strip only
@@ -283,6 +284,7 @@ class PipelineView:
     graph: GraphView | None = None
     gantt: Gantt | None = None
     notes: tuple[str, ...] = ()
+    path: str = "the plan"  # the plan file, named in refusals
 
 
 MAX_GANTT_TASKS = 20_000  # a longer schedule is not drawn (the page would be megabytes)
@@ -300,7 +302,7 @@ def pipeline_report(view: PipelineView) -> Report:
         rows = pipeline_stage_rows(data, view.blocks, view.capacities)
     else:
         rows = training_stage_rows(data, training)
-        spec = training_spec(training)
+        spec = read_plan_training(data, view.path)
         facts[1:1] = [Fact("schedule", _schedule_words(spec))]
         gantt, note = training_gantt(training, spec, [r.stage for r in rows])
         notes += [note] if note else []
@@ -320,16 +322,6 @@ def pipeline_report(view: PipelineView) -> Report:
         graph=view.graph if view.graph is not None and not view.graph.hidden else None,
         gantt=gantt,
         notes=tuple(notes),
-    )
-
-
-def training_spec(training: dict) -> TrainingSpec:
-    """The schedule a training plan records (refused in one line when it is not one)."""
-    return TrainingSpec(
-        schedule=training.get("schedule", "1f1b"),
-        microbatches=training.get("microbatches", 1),
-        virtual_stages=training.get("virtual_stages", 1),
-        optimizer_state=training.get("optimizer_state", 4.0),
     )
 
 

@@ -146,6 +146,7 @@ def pipeline_view(args: argparse.Namespace, plan_file: PlanFile) -> PipelineView
     data = p.data if plan_file.kind == PIPELINE else {**p.data, **plan_numbers(ev)}
     training = isinstance(data.get("training"), dict)  # its schedule is drawn instead
     return PipelineView(
+        path=plan_file.path,
         data=data,
         title=f"plan of {p.graph.name}",
         blocks=blocks,
@@ -202,6 +203,7 @@ def recorded_view(plan_file: PlanFile) -> PipelineView:
     capacities = [None if cluster is None else cluster.device_capacity(d) for d in device]
     graph = data.get("graph") if isinstance(data.get("graph"), dict) else {}
     return PipelineView(
+        path=plan_file.path,
         data=data,
         title=f"plan of {str(graph.get('name', '-'))[:200]}",
         blocks=blocks,

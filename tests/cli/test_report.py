@@ -188,10 +188,14 @@ def test_an_existing_file_is_replaced_only_with_force(plans, capsys, tmp_path):
         ("shard with model", r"a sharded plan holds every operator it reports; drop "),
         ("not a plan", r"t.onnx: "),
         ("no plan file", r"nothing.json"),
+        ("bad schedule", r"bad.json: 'training': unknown schedule 'zigzag'; use one of "),
     ],
 )
 def test_bad_requests_are_refused_in_one_line(plans, capsys, tmp_path, case, match):
     html = tmp_path / "r.html"
+    training = json.loads((plans / "training.json").read_text())
+    training["training"]["schedule"] = "zigzag"
+    (tmp_path / "bad.json").write_text(json.dumps(training))
     argv = {
         "missing folder": [plans / "pipeline.json", "--html", tmp_path / "nowhere" / "r.html"],
         "input": [plans / "pipeline.json", "--html", plans / "pipeline.json"],
@@ -199,6 +203,7 @@ def test_bad_requests_are_refused_in_one_line(plans, capsys, tmp_path, case, mat
         "shard with model": [plans / "shard" / "plan.json", plans / "t.onnx", "--html", html],
         "not a plan": [plans / "t.onnx", "--html", html],
         "no plan file": [tmp_path / "nothing.json", "--html", html],
+        "bad schedule": [tmp_path / "bad.json", "--html", html],
     }[case]
     assert_refused(capsys, ["report", *argv], match, watch=[tmp_path, plans])
 
