@@ -7,9 +7,9 @@ table :data:`RULES`, one entry per operator kind (docs/training.md, "Backward co
 operators", lists it with the reasons):
 
 - **factor**: the backward's work as a multiple of the forward's (the node's forward work,
-  whatever the work model: roofline, FLOPs or measured, is scaled by it). For the matrix
-  operators (MatMul, Gemm, Conv, ConvTranspose, Einsum) the factor is *one per operand that
-  needs a gradient*: Y = A B has dA = dY B^T and dB = A^T dY, each a product of the forward's
+  whatever the work model: roofline, FLOPs or measured, is scaled by it). For the bilinear
+  operators (MatMul, Gemm, Conv, ConvTranspose, Einsum, Mul) the factor is *one per operand
+  that needs a gradient*: Y = A B has dA = dY B^T and dB = A^T dY, each a product of the forward's
   size (Narayanan et al. SC'21, "backward = 2 x forward"; Kaplan et al. 2020, 6 N FLOPs per
   token for training = 2 N forward + 4 N backward), so x W costs 2 x the forward and a product
   whose activation operand needs no gradient (the first layer on a model input) 1 x. For
@@ -19,15 +19,16 @@ operators", lists it with the reasons):
 - **stash**: which tensors the backward reads. ``inputs`` names input positions (kept when
   they are activations: stored weights are parameters, counted once as such, and stored
   constants are not per microbatch), ``output`` keeps the node's outputs (ReLU, sigmoid, tanh,
-  exp, softmax keep their output, as PyTorch's autograd saves ``result``). A matrix operator
-  keeps each activation operand whose *other* operand needs a gradient (dB needs A).
+  exp, softmax keep their output, as PyTorch's autograd saves ``result``). A bilinear
+  operator keeps each activation operand whose *other* operand needs a gradient (dB needs A).
 
 Rules that apply to every node, before the table:
 
 - a node needs a backward only when a gradient flows through it: one of its inputs is a
   stored floating-point weight, or is made by a node that needs one, and one of its outputs is
   floating point. Model inputs, shape arithmetic (Shape, Gather of indices, Cast to integers),
-  comparisons and constant-folding leftovers (masks, rotary tables computed from positions)
+  comparisons, operators without a gradient (Floor, ArgMax: their consumers get none either)
+  and constant-folding leftovers (masks, rotary tables computed from positions)
   get 0 and stash nothing;
 - a tensor is stashed once, by the first node (in model order) whose backward reads it (the
   three projections of attention read one activation, which is kept once);
