@@ -11,6 +11,7 @@ certified bounds of :mod:`solver.pipeline.bounds` (:func:`certify`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.bounds import certified_lower_bound, topology
 from solver.pipeline.bounds.combine import BoundReport
+from solver.pipeline.bounds.spine_plan import spine_plan
 from solver.pipeline.dp.chain_ideals import ChainResult
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first, skips_search
 from solver.pipeline.options import (
@@ -51,6 +53,7 @@ from solver.pipeline.training.solve import solve_training
 # share of the time limit for the certified lower bounds (solver.pipeline.bounds)
 BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
+SPINE_PLAN_SHARE = 0.1  # of the time limit, at most, for the spine plan (cpsat's incumbent)
 # the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
 PROGRESS_METHODS = ("cpsat", "slicegraph")
 __all__ = [
@@ -148,6 +151,7 @@ def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, bud
     inc = better_incumbent(
         warm_incumbent(g, cluster, k, WARM_START_SHARE * opts.time_limit), first, g, t0
     )
+    inc = with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * opts.time_limit)
     rep = certified_bound(g, cluster, budget, None if inc is None else inc.objective)
     # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
@@ -185,6 +189,21 @@ def better_incumbent(
     if assignment is not None and (inc is None or value < inc.objective):
         return Incumbent(value, assignment, time.perf_counter() - t0)
     return inc
+
+
+def with_spine_plan(
+    g: Graph, cluster: Cluster, k: int, inc: Incumbent | None, seconds: float
+) -> Incumbent | None:
+    """The incumbent, or the spine plan (:mod:`solver.pipeline.bounds.spine_plan`: the nodes
+    that keep the graph from being a chain pinned, the exact chain DP on the rest) when it is
+    better; its seconds count as the incumbent's either way."""
+    t0 = time.perf_counter()
+    upper = math.inf if inc is None else inc.objective
+    found = spine_plan(g, cluster, k, seconds, upper)
+    spent = time.perf_counter() - t0 + (0.0 if inc is None else inc.seconds)
+    if found is not None and found.value < upper:
+        return Incumbent(found.value, found.assignment, spent)
+    return None if inc is None else Incumbent(inc.objective, inc.assignment, spent)
 
 
 def warm_incumbent(g: Graph, cluster: Cluster, k: int, seconds: float) -> Incumbent | None:

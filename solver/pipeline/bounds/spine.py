@@ -252,14 +252,15 @@ FIRST_SHARE = 0.6  # the time of the first relaxation (the one removing most: it
 # separators); the others share the rest, and stop after one probe when they cannot help
 TARGET_BAND = 5e-7  # the first probe: this much below a known plan's cost (within the
 # optimality tolerance of solver.core.result.meets_target)
-SPINE_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)  # the removed work allowed per relaxation, as a
+SPINE_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3)  # the removed work allowed per relaxation, as a
 # share of the total: each is a relaxation of its own, the bound takes the best
 
 
-def spine_masks(g: Graph) -> list[np.ndarray]:
-    """The kept-node masks to try, one per budget of SPINE_BUDGETS that changes something:
-    spine positions become separators in increasing order of their spanning work, as many as
-    keep the removed work within the budget (it grows with every position added: bisection)."""
+def spine_masks(g: Graph, budgets: tuple[float, ...] = SPINE_BUDGETS) -> list[np.ndarray]:
+    """The kept-node masks to try, one per budget (share of the work removed, default
+    SPINE_BUDGETS) that changes something: spine positions become separators in increasing
+    order of their spanning work, as many as keep the removed work within the budget (it
+    grows with every position added: bisection)."""
     path = heaviest_path(g)
     spans = spine_spans(g, path)
     work = np.asarray(g.work, dtype=float)
@@ -272,7 +273,7 @@ def spine_masks(g: Graph) -> list[np.ndarray]:
         return kept_nodes(spans, chosen)
 
     out: list[np.ndarray] = []
-    for share in SPINE_BUDGETS:
+    for share in budgets:
         lo, hi = 0, len(path)  # keep_first(lo) fits the budget
         while lo < hi:
             mid = (lo + hi + 1) // 2
