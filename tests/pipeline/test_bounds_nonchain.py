@@ -204,3 +204,19 @@ def test_certified_bound_names_the_spine_where_it_binds():
     met = certified_lower_bound(g, c, 5.0, target=9.0)  # the optimum: met, the rest skipped
     assert met.binding == "spine work io chain" and met.value == pytest.approx(9.0, rel=1e-6)
     assert met.skipped["decision"].startswith("not needed")
+
+
+def test_bound_report_names_the_structure_the_spine_removed():
+    names = ["enc/a", "enc/b", "dec/embed/p", "dec/d0", "dec/cross/k1", "dec/d1"]
+    g, c = _hand_encoder_decoder()
+    g = Graph.build(
+        names, g.work, g.sizeout, list(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
+    )
+    report = certified_lower_bound(g, c, 5.0)
+    assert report.binding == "spine work io chain"
+    assert report.unpriced == ("dec/cross 5.6%", "dec/embed 5.6%")
+    assert report.to_dict()["unpriced"] == ["dec/cross 5.6%", "dec/embed 5.6%"]
+    # a chain: nothing removed, nothing named (and no key in the JSON)
+    chain = Graph.build(["a", "b", "c"], [1.0, 2.0, 3.0], [1.0, 1.0, 0.0], [(0, 1), (1, 2)])
+    plain = certified_lower_bound(chain, Cluster("toy", 2, link_bandwidth=1.0), 2.0)
+    assert plain.unpriced == () and "unpriced" not in plain.to_dict()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from solver.core.cluster import Cluster
 from solver.core.cost import lower_bound
-from solver.core.graph import Graph
+from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
@@ -16,7 +16,7 @@ from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
-from solver.pipeline.bounds.spine import spine_bound
+from solver.pipeline.bounds.spine import removed_scopes, spine_bound
 from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
 from solver.pipeline.dp.chain_ideals import ideal_chain
 
@@ -41,7 +41,10 @@ class BoundReport:
     ``value`` is ``inf`` only when it is proven that no plan meets the hard capacity.
     ``skipped``: the bounds not computed, each with the reason (a bound that met the incumbent
     makes the rest unnecessary; a packing bound that proves nothing above the best one so far
-    is not reported as a value of its own).
+    is not reported as a value of its own). ``unpriced``: what the spine relaxation removed
+    to prove its bound, the module scopes with their share of the work, heaviest first (e.g.
+    "/inner/decoder/embed_tokens 4.9%"): structure no bound priced (empty when it removed
+    nothing or did not run), so a user knows why a gap stays open.
     """
 
     value: float
@@ -49,6 +52,7 @@ class BoundReport:
     bounds: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)
+    unpriced: tuple[str, ...] = ()
 
     @property
     def infeasible(self) -> bool:
@@ -64,6 +68,8 @@ class BoundReport:
         }
         if self.skipped:
             out["skipped"] = dict(self.skipped)
+        if self.unpriced:
+            out["unpriced"] = list(self.unpriced)
         return out
 
 
@@ -76,6 +82,7 @@ class _BoundRun:
     target: float | None
     vals: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    unpriced: tuple[str, ...] = ()
 
     @property
     def best(self) -> float:
@@ -106,7 +113,12 @@ class _BoundRun:
         vals = {key: float(v) for key, v in self.vals.items()}
         name = max(vals, key=lambda x: vals[x])
         return BoundReport(
-            vals[name], name, vals, time.perf_counter() - self.t0, dict(self.skipped)
+            vals[name],
+            name,
+            vals,
+            time.perf_counter() - self.t0,
+            dict(self.skipped),
+            self.unpriced,
         )
 
 
@@ -244,6 +256,8 @@ def _spine(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
     ``skipped``, without one each is its own bound."""
     seconds = max(min(run.left() / 2, SPINE_SHARE * run.time_limit), SPINE_MIN_SECONDS)
     res = spine_bound(g, cluster, k, seconds, run.target, run.best)
+    if res.spine is not None:
+        run.unpriced = tuple(removed_scopes(coarse_view(g)[0], res.spine))
     for name, value in (
         ("spine chain io", res.chain_io),
         ("spine work io chain", res.work_io_chain),
