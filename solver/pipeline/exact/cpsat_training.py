@@ -173,7 +173,7 @@ class _TrainingModel(_Model):
         """Whether the training memory can break a capacity, and its unit (2^j bytes, every
         coefficient below MAX_COEF)."""
         g = self.g
-        most = float(spec.inflight(self.k).max())
+        most = max(float(spec.inflight(r).max()) for r in range(1, self.k + 1))
         need = spec.optimizer_state * g.param_bytes_total + float(g.act.max())
         need += most * float(g.stash_bytes.sum())
         caps = self.classes.capacity if self.placed else np.array([self.cluster.capacity or np.inf])
@@ -384,10 +384,10 @@ def solve_training_cpsat(
     try:
         model = _build(cg, cluster, spec, upper, warm, labels, t0 + BUILD_SHARE * time_limit)
     except _BuildTimeout:
-        return _unsolved(g, cluster, spec, warm, upper, t0)
+        return _unsolved(g, cluster, spec, warm, t0)
     build_s = time.perf_counter() - t0
     search = _search(model, g, labels, spec, time_limit - 2 * build_s, workers, seed, progress, t0)
-    return _result(g, cluster, spec, model, search, warm, upper, build_s, t0)
+    return _result(model, search, warm, upper, build_s, t0)
 
 
 def _warm_pick(g, cluster, spec, cg, labels, hint) -> _Pick | None:
@@ -475,7 +475,7 @@ def _search(model, g, labels, spec, seconds, workers, seed, progress, t0) -> _Se
     return _Search(status, solver.BestObjectiveBound(), cb.best, stats)
 
 
-def _result(g, cluster, spec, model, search: _Search, warm, upper, build_s, t0):
+def _result(model: _TrainingModel, search: _Search, warm, upper: float, build_s, t0):
     """The better of the incumbents and the hint, the bound (CP-SAT's, or ``upper`` when
     lower: plans cut off by it are worse than a known one) and the verdict."""
     infeasible = search.status == cp_model.INFEASIBLE and not math.isfinite(upper)
@@ -514,9 +514,9 @@ def _meets(T: float, lower: float, resolution: float) -> bool:
     return lower * (1 + OPTIMALITY_TOL) >= T or optimal_within(T, lower, resolution)
 
 
-def _unsolved(g, cluster, spec, warm: _Pick | None, upper, t0) -> TrainingCpsatResult:
-    """The time limit passed while the model was built: the hint, no bound."""
-    lower = 0.0
+def _unsolved(g, cluster, spec, warm: _Pick | None, t0) -> TrainingCpsatResult:
+    """The time limit passed while the model was built: the hint and the memory-free bound."""
+    lower = training_lower_bound(g, cluster, cluster.devices, spec)
     return TrainingCpsatResult(
         assignment=None if warm is None else warm.blocks,
         placement=None if warm is None else warm.devices,
