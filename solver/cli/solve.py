@@ -80,6 +80,9 @@ def print_plan(
     if isinstance(bound, dict) and bound.get("binding"):
         docs = "docs/bounds.md" if plan.training is None else "docs/training.md"
         con.print(f"binding lower bound: {esc(bound['binding'])} ({docs})")
+    unpriced = (bound.get("certified") or {}).get("unpriced") if isinstance(bound, dict) else None
+    if unpriced and plan.status != OPTIMAL:
+        con.print(f"not priced by the bounds (the gap may be there): {esc(', '.join(unpriced))}")
     tie = plan.stats.get("tie_break")
     if isinstance(tie, dict) and tie.get("summary"):
         con.print(esc(tie["summary"]))
@@ -100,9 +103,6 @@ def print_plan(
         con.print("(* = bottleneck block; a..b = empty blocks)")
     for v in violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")
-
-
-_print_plan = print_plan  # the name tests/test_cli.py imports
 
 
 def objective_name(plan: Plan) -> str:

@@ -171,14 +171,6 @@ def test_bad_training_options_exit_2_with_one_line(toy, capsys, flags, message):
     assert out == ""
 
 
-PENDING_DISPATCH = pytest.mark.xfail(
-    reason="mtpp evaluate / simulate read a training plan once backends/dispatch prices it "
-    "(asked in /work/notes/s6/H21a_to_H20.txt)",
-    strict=True,
-)
-
-
-@PENDING_DISPATCH
 def test_plan_file_round_trip_and_evaluate(toy, tmp_path, capsys):
     plan = tmp_path / "plan.json"
     flags = ["--schedule", "gpipe", "--microbatches", "4", "--out", plan, "-q"]
@@ -198,7 +190,6 @@ def test_plan_file_round_trip_and_evaluate(toy, tmp_path, capsys):
     assert d["valid"] and d["claim"] == "consistent"
 
 
-@PENDING_DISPATCH
 def test_simulate_a_training_plan(toy, tmp_path, capsys):
     plan = tmp_path / "plan.json"
     flags = ["--schedule", "1f1b", "--microbatches", "6", "--out", plan, "-q"]
