@@ -492,8 +492,11 @@ def print_training_simulation(con, ts, cluster, gantt: str | None = None) -> Non
         f"makespan / T {ratio}  valid {ts.valid}"
     )
     rel = ts.relation
-    upper = "" if rel.upper is None else f", <= {fmt(rel.upper)} s"
-    con.print(f"proven here: makespan >= {fmt(rel.lower)} s{upper}")
+    if rel.exact is not None:
+        con.print(f"proven here: makespan = {fmt(rel.exact)} s (GPipe's formula below)")
+    else:
+        upper = "" if rel.upper is None else f", <= {fmt(rel.upper)} s"
+        con.print(f"proven here: makespan >= {fmt(rel.lower)} s{upper}")
     con.print(esc(rel.rule))
     mems = [s.memory_model for s in ts.stages] + [s.memory_simulated or 0.0 for s in ts.stages]
     bu = ColumnUnit(mems, BYTE_UNITS)
