@@ -45,6 +45,7 @@ from solver.core.files import atomic_file, check_output_file, parse_json, read_t
 from solver.core.text import esc
 from solver.core.units import format_time
 from solver.joint.plan import joint_plan_from_data
+from solver.pipeline.plan import read_plan_placement
 
 SHARDED = "sharded plan"  # mtpp shard's plan.json, which the common plan loader does not read
 SHARD_FORMAT = "mtpp-shard-plan"
@@ -199,8 +200,12 @@ def recorded_view(plan_file: PlanFile) -> PipelineView:
     if not all(isinstance(b, int) and 0 <= b < len(blocks) for b in stages):
         raise MtppError(f"{plan_file.path}: the assignment names blocks the plan does not have")
     cluster = recorded_cluster(plan_file)
-    device = data.get("placement") or list(range(len(blocks)))
-    capacities = [None if cluster is None else cluster.device_capacity(d) for d in device]
+    placement = None if cluster is None else read_plan_placement(data, plan_file.path, cluster)
+    device = list(range(len(blocks))) if placement is None else [int(d) for d in placement]
+    capacities = [
+        cluster.device_capacity(d) if cluster is not None and d < cluster.devices else None
+        for d in device
+    ]
     graph = data.get("graph") if isinstance(data.get("graph"), dict) else {}
     return PipelineView(
         path=plan_file.path,
