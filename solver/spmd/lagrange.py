@@ -13,6 +13,9 @@ the exact optimum of a sum of unary and pairwise costs, which variable eliminati
 so the right side is a valid lower bound on the constrained optimum for every lambda. The plans
 variable elimination returns are evaluated by ``evaluate``; those within the limit are
 incumbents (without a limit, lambda = 0 gives the optimum and its proof at once).
+In training (``Planner.training``) every operator output stays alive until the backward, so
+P >= O(s), the local bytes of every output; the relaxed problem then prices W' + O(s) and the
+floor term is 0: time(s) >= min over s' of [time(s') + lambda (W'(s') + O(s'))] - lambda limit.
 
 Before the Lagrangian search, the weight-budget bound (solver/spmd/budget.py) solves the
 relaxation "W' plus the bytes held at one step fit the limit" exactly, bytes rounded down to a
@@ -49,6 +52,7 @@ from solver.spmd.budget import (
 )
 from solver.spmd.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.spmd.program import Planner, evaluate
+from solver.spmd.redistribute import local_bytes
 from solver.spmd.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
@@ -101,14 +105,42 @@ class _Problem:
                 self.wconst += float(b[0])
             else:
                 self.wbytes[v] = self.wbytes[v] + b
+        self._kept_outputs(model)
         self.order = _elimination_order(self.free, self.sizes, self.pairs)
 
+    def _kept_outputs(self, model: ShardModel) -> None:
+        """In training every operator's outputs are alive at the last step (the backward reads
+        them): their bytes O of each choice join the priced memory, W' + O <= every plan's
+        memory. For inference O = 0 (the activation floor is used instead)."""
+        n = len(self.sizes)
+        self.obytes = [np.zeros(self.sizes[i]) for i in range(n)]
+        self.oconst = 0.0
+        if model.pl.training is None:
+            return
+        sm = model.sm
+        for u, op in enumerate(sm.ops):
+            b = np.array(
+                [
+                    sum(
+                        local_bytes(lay, sm.itemsize(t))
+                        for t, lay in zip(op.outputs, sh.out_layouts, strict=True)
+                    )
+                    for sh in model.cands[u]
+                ]
+            )
+            if self.sizes[u] == 1:
+                self.oconst += float(b[0])
+            else:
+                self.obytes[u] = self.obytes[u] + b
+
     def solve(self, lam: float, deadline: float | None = None) -> tuple[float, list[int]]:
-        """The exact minimum of time + lam * W' over all choices, and a minimiser; raises
-        DeadlineReached once ``time.perf_counter()`` passes ``deadline``."""
-        unary = [u + lam * w for u, w in zip(self.unary, self.wbytes, strict=True)]
+        """The exact minimum of time + lam * (W' + O) over all choices, and a minimiser;
+        raises DeadlineReached once ``time.perf_counter()`` passes ``deadline``."""
+        unary = [
+            u + lam * (w + o) for u, w, o in zip(self.unary, self.wbytes, self.obytes, strict=True)
+        ]
         value, choice = min_sum(self.sizes, self.order, unary, self.pairs, deadline)
-        return value + self.const + lam * self.wconst, choice
+        return value + self.const + lam * (self.wconst + self.oconst), choice
 
 
 def _elimination_order(free, sizes, pairs) -> list[int]:
@@ -197,6 +229,8 @@ class _LagrangeSearch:
         self.t0, self.time_limit, self.deadline = t0, time_limit, t0 + time_limit
         self.steps = model.floors()[2]
         self.p_floor = max(self.steps, default=0.0)
+        # the activation bytes the relaxed problem does not price (training prices them all)
+        self.unpriced_floor = self.p_floor if planner.training is None else 0.0
         self.best_lb = -math.inf
         self.best: _Found | None = None
         self.stats: dict = {}
@@ -246,7 +280,8 @@ class _LagrangeSearch:
         value, choice = self.prob.solve(lam, self.deadline)
         limit = self.limit
         self.raise_bound(
-            value + (lam * (self.p_floor - limit) if limit is not None else 0.0), "lagrangian"
+            value + (lam * (self.unpriced_floor - limit) if limit is not None else 0.0),
+            "lagrangian",
         )
         strategies = self.strategies_of(choice)
         program = evaluate(self.planner, strategies)

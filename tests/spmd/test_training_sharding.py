@@ -16,6 +16,7 @@ from solver.cli import main
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.result import OPTIMAL
+from solver.spmd.lagrange import lagrange
 from solver.spmd.mesh import make_mesh
 from solver.spmd.model import from_proto
 from solver.spmd.program import Planner, evaluate
@@ -197,8 +198,8 @@ def test_a_memory_limit_turns_on_zero1_before_it_moves_the_optimum():
 def test_training_optimum_equals_brute_force(seed, mesh):
     """Over every strategy combination of a small random graph, in training: CP-SAT's plan is
     the cheapest (without a limit and under one that excludes the unlimited optima), OPTIMAL,
-    its bound never above it; the heuristics' bounds hold; a limit below every plan's need is
-    refused with exactly the least memory brute force finds."""
+    its bound never above it, nor the Lagrangian bound; the heuristics' bounds hold; a limit
+    below every plan's need is refused with exactly the least memory brute force finds."""
     model = random_model(seed)
     pl = _planner(model, mesh=mesh)
     objs, mems, _ = brute_force(pl)
@@ -217,6 +218,9 @@ def test_training_optimum_equals_brute_force(seed, mesh):
         assert res.objective == pytest.approx(best, rel=1e-9, abs=1e-18)
         assert best * (1 - 1e-6) <= res.lower_bound <= best * (1 + 1e-12)
         assert limit is None or res.program.memory_per_device <= limit
+        lag = lagrange(pl, limit, {}, 5.0)  # prices every output's bytes with the weights
+        assert lag.lower_bound <= best * (1 + 1e-12)
+        assert lag.objective >= best * (1 - 1e-12)
         for method in ("propagate", "dp", "megatron"):
             try:
                 h = solve_sharding(
