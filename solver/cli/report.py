@@ -57,6 +57,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = check_report_path(args.html, input_paths(args), args.force)
     plan_file = read_report_plan(args.plan)
     report = build_report(args, plan_file)
+    check_output_file(out, input_paths(args), what="HTML report")  # and the model a joint
+    # plan named (args.graph now)
     with atomic_file(out, "w", newline="\n") as fh:
         fh.write(render_html(report))
     summary = {

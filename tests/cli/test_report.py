@@ -189,6 +189,7 @@ def test_an_existing_file_is_replaced_only_with_force(plans, capsys, tmp_path):
         ("not a plan", r"t.onnx: "),
         ("no plan file", r"nothing.json"),
         ("bad schedule", r"bad.json: 'training': unknown schedule 'zigzag'; use one of "),
+        ("joint's model", r"t.onnx: the HTML report would overwrite an input file; choose "),
     ],
 )
 def test_bad_requests_are_refused_in_one_line(plans, capsys, tmp_path, case, match):
@@ -204,6 +205,7 @@ def test_bad_requests_are_refused_in_one_line(plans, capsys, tmp_path, case, mat
         "not a plan": [plans / "t.onnx", "--html", html],
         "no plan file": [tmp_path / "nothing.json", "--html", html],
         "bad schedule": [tmp_path / "bad.json", "--html", html],
+        "joint's model": [plans / "joint.json", "--html", plans / "t.onnx", "--force"],
     }[case]
     assert_refused(capsys, ["report", *argv], match, watch=[tmp_path, plans])
 
