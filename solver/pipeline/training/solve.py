@@ -59,6 +59,7 @@ DP_BOUND = "training ideal DP"
 CPSAT_BOUND = "cpsat"
 ONE_BLOCK = "one block: every device tried"
 LAYER_DP = "best whole-layer split"  # the training DP over layer prefixes (a warm start)
+LAYER_DP_SHARE = 0.1  # of the time limit, at least, for it
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,12 @@ def _warm_starts(
     except MtppError:  # no layers to split (no numbered modules, no separators)
         return out
     out += [Candidate(s.name, s.assignment, s.cost) for s in splits]
-    return out + _best_layer_split(g, cluster, k, spec, out, deadline)
+    # its own share: the slicings may have spent the warm-start share on a large graph
+    seconds = max(deadline - time.perf_counter(), LAYER_DP_SHARE * opts.time_limit)
+    return out + _best_layer_split(g, cluster, k, spec, out, seconds)
 
 
-def _best_layer_split(g, cluster, k, spec, known, deadline: float) -> list[Candidate]:
+def _best_layer_split(g, cluster, k, spec, known, seconds: float) -> list[Candidate]:
     """The least-T plan whose stages are runs of whole layers, each fitting its memory (the
     training DP over layer prefixes; a warm start only: its bound is over a restricted
     problem). On a cluster whose devices or links differ it runs on the flat planning view
@@ -174,7 +177,7 @@ def _best_layer_split(g, cluster, k, spec, known, deadline: float) -> list[Candi
             k,
             spec,
             read_layers(g).of_node,
-            time_limit=max(0.05, deadline - time.perf_counter()),
+            time_limit=seconds,
             upper=_value(_best(known)),
         )
     except TrainingDPDoesNotApply:
