@@ -1,12 +1,28 @@
-"""One call for every planner: ``solve(problem, method, options) -> Result``.
+"""One call for every planner: ``solve(problem, method, options, kind=None) -> Result``.
 
-A :class:`Problem` says what to plan: a graph file (or an already loaded cost graph), the
-cluster, and the settings of an ONNX model. :func:`solve` runs a pipeline method (one of
-:data:`solver.pipeline.registry.METHODS`, on the cost graph) or ``joint``
-(:func:`solver.joint.plan_joint` on the ONNX model: pipeline stages on sub-meshes, sharded
-inside). A request no planner can honour raises :class:`~solver.core.errors.MtppError` with one
-line naming what to fix, worded with the command line's flags (``--set``, ``--work``, ...);
-:func:`check_request` makes these checks alone, before anything is loaded.
+A :class:`Problem` says what to plan: a graph file (or an already loaded cost graph or ONNX
+model), the cluster, and the settings of an ONNX model. The plan's ``kind`` names the planner
+(the three kinds of :mod:`solver.core.result`), and ``method`` one of that kind's methods
+(:data:`KIND_METHODS`):
+
+- ``"pipeline"``: a method of :data:`solver.pipeline.registry.METHODS` on the cost graph
+  (blocks of the graph on devices): a :class:`~solver.pipeline.plan.Plan`;
+- ``"spmd"``: a method of :data:`solver.spmd.plan.METHODS` (propagate, dp, megatron, cpsat) on
+  the ONNX model (one strategy per operator on one mesh): a
+  :class:`~solver.spmd.plan.ShardResult`. ``options.extra`` may hold ``mesh`` (a tuple or
+  "2x4"; default one axis of every device) and ``config`` (a strategy file or a dict of node
+  name -> strategy, fixed in every method);
+- ``"joint"``: the method ``joint`` (:func:`solver.joint.plan_joint` on the ONNX model:
+  pipeline stages on sub-meshes, sharded inside): a :class:`~solver.joint.plan.JointPlan`;
+  ``options.extra`` may hold ``space``.
+
+``kind`` None means pipeline, or joint for the method ``joint`` (pipeline and spmd both have a
+``cpsat``, so an SPMD request names its kind). Every result has ``kind`` and the fields of
+:class:`solver.core.result.Result` (status, objective, lower bound, gap), so a caller reads
+any of them the same way. A request no planner can honour raises
+:class:`~solver.core.errors.MtppError` with one line naming what to fix, worded with the command
+line's flags (``--set``, ``--work``, ...); :func:`check_request` makes these checks alone,
+before anything is loaded.
 
 >>> from solver.core.cluster import Cluster
 >>> from solver.frontends.workloads import layered_dag
@@ -24,15 +40,23 @@ from pathlib import Path
 from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.core.options import check_spmd_options
+from solver.core.progress import NULL_PROGRESS
 from solver.core.result import Result
 from solver.frontends import load_graph, resolve_cluster
 from solver.joint import plan_joint
 from solver.joint.submesh import SPACES
 from solver.pipeline import registry
 from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
+from solver.spmd import plan as spmd_plan
+from solver.spmd.model import ShardModel
+from solver.spmd.solve import solve_sharding
 
-JOINT = "joint"
+PIPELINE, SPMD, JOINT = "pipeline", "spmd", "joint"
 METHOD_NAMES = (*registry.METHODS, JOINT)
+# the methods of each kind of plan
+KIND_METHODS = {PIPELINE: tuple(registry.METHODS), SPMD: tuple(spmd_plan.METHODS), JOINT: (JOINT,)}
+SPMD_OPTIONS = ("mesh", "config")  # options.extra keys an SPMD method takes
 # option keys the command line fills from its own flags, refused by joint under the flag's name
 JOINT_REFUSED_FLAGS = {"optimal_perf": "--optimal-perf", "sharding": "--sharding"}
 
@@ -41,9 +65,11 @@ JOINT_REFUSED_FLAGS = {"optimal_perf": "--optimal-perf", "sharding": "--sharding
 class Problem:
     """What to plan.
 
-    ``graph_path``: an ONNX model, an mtpp graph JSON or a dnn-partitioning JSON (joint: the
-    ONNX model); ``graph``: an already loaded cost graph (pipeline methods; ``graph_path`` is
-    then not read). ``cluster``: a :class:`Cluster`, a preset name or a cluster YAML file (None:
+    ``graph_path``: an ONNX model, an mtpp graph JSON or a dnn-partitioning JSON (spmd, joint:
+    the ONNX model); ``graph``: an already loaded cost graph (pipeline methods; ``graph_path``
+    is then not read); ``model``: the ONNX model of ``graph_path`` already loaded as the SPMD
+    planner reads it (spmd, joint; ``graph_path`` still names it).
+    ``cluster``: a :class:`Cluster`, a preset name or a cluster YAML file (None:
     what the graph file states, else the default preset); ``devices`` and ``memory`` (bytes per
     device) override it. ``dims`` fixes symbolic dimensions of an ONNX model; ``work`` is its
     work model (roofline, flops or measured; joint: roofline only).
@@ -51,6 +77,7 @@ class Problem:
 
     graph_path: str | Path | None = None
     graph: Graph | None = None
+    model: ShardModel | None = None
     cluster: Cluster | str | None = None
     devices: int | None = None
     memory: float | None = None
@@ -66,30 +93,63 @@ class LoadedProblem:
     cluster: Cluster
 
 
-def solve(problem: Problem, method: str, options: SolveOptions | None = None) -> Result | None:
-    """Plan ``problem`` with ``method``: a pipeline :class:`~solver.pipeline.plan.Plan` (None
-    when it is proven that no valid plan exists) or, for ``joint``, a
-    :class:`~solver.joint.plan.JointPlan` (it raises when no joint plan fits). ``options``: the
-    time limit, workers, seed, gap, the method's own options (``extra``; joint takes only
-    ``space``) and where progress goes (``progress``, ``reporter``)."""
+def solve(
+    problem: Problem, method: str, options: SolveOptions | None = None, kind: str | None = None
+) -> Result | None:
+    """Plan ``problem`` with ``method`` of ``kind`` (module docstring): a pipeline
+    :class:`~solver.pipeline.plan.Plan` (None when it is proven that no valid plan exists), an
+    SPMD :class:`~solver.spmd.plan.ShardResult` or a :class:`~solver.joint.plan.JointPlan` (these
+    two raise when no plan fits). ``options``: the time limit, workers, seed, gap, the method's
+    own options (``extra``) and where progress goes (``progress``, ``reporter``)."""
     options = options or SolveOptions()
-    check_request(problem, method, options)
-    if method == JOINT:
-        return _solve_joint(problem, options)
-    loaded = load(problem)
-    return registry.solve(loaded.graph, loaded.cluster, method, options)
+    check_request(problem, method, options, kind)
+    return PLANNERS[kind_of(method, kind)](problem, method, options)
 
 
-def check_request(problem: Problem, method: str, options: SolveOptions) -> None:
+def kind_of(method: str, kind: str | None) -> str:
+    """The kind a request names: ``kind``, else joint for the method ``joint``, else pipeline."""
+    if kind is None:
+        return JOINT if method == JOINT else PIPELINE
+    if kind not in KIND_METHODS:
+        raise MtppError(f"unknown kind {kind!r}; choose one of {', '.join(KIND_METHODS)}")
+    return kind
+
+
+def check_request(
+    problem: Problem, method: str, options: SolveOptions, kind: str | None = None
+) -> None:
     """Refuse, before anything is loaded, a method, an option or a problem setting that
     ``method`` cannot honour (one line naming what to fix)."""
-    if method not in METHOD_NAMES:
-        raise MtppError(f"unknown method {method!r}; choose one of {', '.join(METHOD_NAMES)}")
+    named = kind is not None
+    kind = kind_of(method, kind)
+    if kind == SPMD:
+        _check_spmd(problem, method, options)
+        return
+    if method not in KIND_METHODS[kind]:
+        names = KIND_METHODS[kind] if named else METHOD_NAMES
+        raise MtppError(f"unknown method {method!r}; choose one of {', '.join(names)}")
     if method == JOINT:
         joint_space(problem, options)
+        if options.training is not None:
+            raise MtppError(
+                "--schedule applies to pipeline methods, not --method joint (joint training "
+                "plans are not supported yet)"
+            )
     check_solve_options(options)
     if method != JOINT:
         check_method_options(method, options.extra)
+
+
+def _check_spmd(problem: Problem, method: str, options: SolveOptions) -> None:
+    """An SPMD request: one of its methods, the ONNX model, only mesh and config options."""
+    if method not in spmd_plan.METHODS:
+        names = ", ".join(spmd_plan.METHODS)
+        raise MtppError(f"unknown SPMD method {method!r}; choose one of {names}")
+    _onnx_path(problem, "an SPMD plan")
+    other = [key for key in options.extra if key not in SPMD_OPTIONS]
+    if other:
+        raise MtppError(f"{other[0]}: an SPMD method takes only {' and '.join(SPMD_OPTIONS)}")
+    check_spmd_options(options.time_limit, options.workers, options.seed)
 
 
 def load(problem: Problem) -> LoadedProblem:
@@ -123,13 +183,7 @@ def joint_space(problem: Problem, options: SolveOptions) -> str:
     """The search space of a joint request (``options.extra["space"]``, default joint), after
     refusing what joint cannot take: a cost graph instead of the ONNX model, any other option,
     an unknown space, ``--optimal-perf``, ``--sharding``, a work model other than roofline."""
-    path = problem.graph_path
-    if path is None or Path(path).suffix.lower() != ".onnx":
-        path = _graph_name(problem) if path is None else path
-        raise MtppError(
-            f"{path}: --method joint needs the ONNX model (a cost graph has no operators "
-            "to shard); pass the .onnx file"
-        )
+    _onnx_path(problem, "--method joint")
     extra = dict(options.extra)
     space = extra.pop("space", "joint")
     other = [key for key in extra if key not in JOINT_REFUSED_FLAGS]
@@ -145,21 +199,64 @@ def joint_space(problem: Problem, options: SolveOptions) -> str:
     return space
 
 
+def _onnx_path(problem: Problem, what: str) -> None:
+    """Refuse a problem without the ONNX model ``what`` shards."""
+    path = problem.graph_path
+    if path is None or Path(path).suffix.lower() != ".onnx":
+        path = _graph_name(problem) if path is None else path
+        raise MtppError(
+            f"{path}: {what} needs the ONNX model (a cost graph has no operators "
+            "to shard); pass the .onnx file"
+        )
+
+
 def _graph_name(problem: Problem) -> str:
     """How a problem without a graph file is named in a refusal."""
     return "(no graph file)" if problem.graph is None else f"graph {problem.graph.name!r}"
 
 
-def _solve_joint(problem: Problem, options: SolveOptions) -> Result:
+def _solve_pipeline(problem: Problem, method: str, options: SolveOptions) -> Result | None:
+    loaded = load(problem)
+    return registry.solve(loaded.graph, loaded.cluster, method, options)
+
+
+def _model_cluster(problem: Problem) -> Cluster:
+    """The cluster of an ONNX model's problem (a model states none): ``cluster`` with
+    ``devices`` applied, else the default preset."""
+    if isinstance(problem.cluster, Cluster):
+        return problem.cluster.with_devices(problem.devices)
+    return load_cluster(problem.cluster, problem.devices)
+
+
+def _model(problem: Problem) -> ShardModel | str | Path:
+    """The loaded model when the problem holds one, else its file."""
+    return problem.model if problem.model is not None else problem.graph_path
+
+
+def _solve_spmd(problem: Problem, method: str, options: SolveOptions) -> Result:
+    """The SPMD program of the ONNX model (checked by :func:`check_request`)."""
+    return solve_sharding(
+        _model(problem),
+        mesh=options.extra.get("mesh"),
+        method=method,
+        memory=problem.memory,
+        config=options.extra.get("config"),
+        time_limit=options.time_limit,
+        cluster=_model_cluster(problem),
+        dims=dict(problem.dims),
+        workers=options.workers,
+        seed=options.seed,
+        progress=None if options.watcher() is NULL_PROGRESS else options.watcher(),
+        training=options.training,
+    )
+
+
+def _solve_joint(problem: Problem, method: str, options: SolveOptions) -> Result:
     """The joint plan of the ONNX model ``problem.graph_path`` (checked by
     :func:`check_request`)."""
-    if isinstance(problem.cluster, Cluster):
-        cluster = problem.cluster.with_devices(problem.devices)
-    else:
-        cluster = load_cluster(problem.cluster, problem.devices)
     return plan_joint(
-        problem.graph_path,
-        cluster,
+        _model(problem),
+        _model_cluster(problem),
         memory=problem.memory,
         time_limit=options.time_limit,
         dims=dict(problem.dims),
@@ -168,3 +265,7 @@ def _solve_joint(problem: Problem, options: SolveOptions) -> Result:
         workers=options.workers,
         gap=options.gap,
     )
+
+
+# the planner of each kind: (problem, method, options) -> its result
+PLANNERS = {PIPELINE: _solve_pipeline, SPMD: _solve_spmd, JOINT: _solve_joint}

@@ -1,5 +1,5 @@
-"""solver.api: one call for the pipeline methods and joint, checked against the planners it
-fronts (brute force, plan_joint) and its refusals word for word."""
+"""solver.api: one call for the pipeline methods, SPMD methods and joint, checked against the
+planners it fronts (brute force, solve_sharding, plan_joint) and its refusals word for word."""
 
 from __future__ import annotations
 
@@ -17,11 +17,15 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
 from solver.core.result import OPTIMAL
+from solver.core.training import TrainingSpec
 from solver.frontends import native
 from solver.joint import plan_joint
 from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.registry import METHODS
+from solver.spmd.model import load_model
+from solver.spmd.plan import METHODS as SPMD_METHODS
+from solver.spmd.solve import solve_sharding
 from tests.joint.test_planner import tiny_model
 
 
@@ -188,3 +192,93 @@ def test_a_problem_without_a_graph_is_refused():
     with pytest.raises(MtppError, match="^a problem needs a graph file"):
         solve(Problem(cluster=Cluster("c", 2)), "time")
     assert (*METHODS, "joint") == METHOD_NAMES
+
+
+# ---------------------------------------------------------------- spmd and the kinds
+
+
+def test_spmd_through_the_api_is_solve_sharding(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(tiny_model(), path)
+    opts = SolveOptions(time_limit=20.0, extra={"mesh": (2, 2)})
+    res = solve(Problem(graph_path=path, cluster="dgx-a100", devices=4), "cpsat", opts, "spmd")
+    direct = solve_sharding(
+        path, mesh=(2, 2), method="cpsat", cluster=load_cluster("dgx-a100", 4), time_limit=20.0
+    )
+    assert res.kind == "spmd" and res.status == direct.status == OPTIMAL
+    assert res.objective == pytest.approx(direct.objective, rel=1e-9)
+    assert res.lower_bound == pytest.approx(direct.lower_bound, rel=1e-9)
+    assert res.to_dict()["mesh"]["shape"] == [2, 2]
+
+
+def test_every_kind_answers_with_the_result_contract(tmp_path):
+    """A pipeline plan, an SPMD program and a joint plan are read the same way: kind, status,
+    objective, a bound at most the objective, the gap between them."""
+    path = tmp_path / "m.onnx"
+    onnx.save(tiny_model(), path)
+    sm = load_model(path)  # a loaded model is used as is (joint, spmd)
+    cluster = load_cluster("dgx-a100", 4)
+    opts = SolveOptions(time_limit=20.0)
+    results = [
+        solve(Problem(graph_path=path, cluster=cluster), "idealdp", opts),
+        solve(Problem(graph_path=path, model=sm, cluster=cluster), "dp", opts, kind="spmd"),
+        solve(Problem(graph_path=path, model=sm, cluster=cluster), "joint", opts),
+    ]
+    assert [r.kind for r in results] == ["pipeline", "spmd", "joint"]
+    for r in results:
+        assert r.status in ("OPTIMAL", "FEASIBLE") and math.isfinite(r.objective) > 0
+        assert r.lower_bound is not None and r.lower_bound <= r.objective * (1 + 1e-12)
+        assert r.gap == pytest.approx((r.objective - r.lower_bound) / r.objective, abs=1e-12)
+        assert json.loads(json.dumps(r.to_dict()))["status"] == r.status
+    direct = plan_joint(path, cluster, time_limit=20.0)
+    assert results[2].objective == pytest.approx(direct.objective, rel=1e-9)
+
+
+KIND_REFUSALS = [
+    ("cpsat", "ring", {}, "unknown kind 'ring'; choose one of pipeline, spmd, joint"),
+    (
+        "time",
+        "spmd",
+        {},
+        f"unknown SPMD method 'time'; choose one of {', '.join(SPMD_METHODS)}",
+    ),
+    ("dp", "spmd", {"space": "joint"}, "space: an SPMD method takes only mesh and config"),
+    (
+        "cpsat",
+        "joint",
+        {},
+        "unknown method 'cpsat'; choose one of joint",
+    ),
+    ("joint", "pipeline", {}, "unknown method 'joint'; choose one of " + ", ".join(METHODS)),
+]
+
+
+@pytest.mark.parametrize(("method", "kind", "extra", "message"), KIND_REFUSALS)
+def test_a_method_of_another_kind_is_refused_before_loading(tmp_path, method, kind, extra, message):
+    problem = Problem(graph_path=tmp_path / "absent.onnx", cluster="no-such-cluster")
+    with pytest.raises(MtppError, match=f"^{re.escape(message)}$"):
+        solve(problem, method, SolveOptions(extra=extra), kind=kind)
+
+
+def test_spmd_needs_the_onnx_model_and_its_options_checked(tmp_path):
+    graph = tmp_path / "g.json"
+    expected = (
+        f"{graph}: an SPMD plan needs the ONNX model (a cost graph has no operators to "
+        "shard); pass the .onnx file"
+    )
+    with pytest.raises(MtppError, match=f"^{re.escape(expected)}$"):
+        solve(Problem(graph_path=graph), "dp", kind="spmd")
+    onnx_path = tmp_path / "absent.onnx"
+    with pytest.raises(MtppError, match=r"^--seed must be"):
+        solve(Problem(graph_path=onnx_path), "cpsat", SolveOptions(seed=-1), kind="spmd")
+
+
+def test_joint_refuses_a_training_schedule(tmp_path):
+    problem = Problem(graph_path=tmp_path / "absent.onnx")
+    options = SolveOptions(training=TrainingSpec("gpipe", 4))
+    expected = (
+        "--schedule applies to pipeline methods, not --method joint (joint training plans are "
+        "not supported yet)"
+    )
+    with pytest.raises(MtppError, match=f"^{re.escape(expected)}$"):
+        solve(problem, "joint", options)

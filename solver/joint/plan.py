@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from solver.core.cluster import Cluster, cluster_from_dict
 from solver.core.errors import MtppError
@@ -75,6 +76,7 @@ class Stage:
 class JointPlan:
     """Stages in pipeline order; objective = the slowest stage's time (the period)."""
 
+    kind: ClassVar[str] = "joint"  # a solver.core.result.Result of the joint planner
     model_name: str
     cluster: Cluster
     memory_limit: float | None
