@@ -17,12 +17,15 @@ from pathlib import Path
 
 from solver.backends import dispatch
 from solver.backends.dispatch import ONNX, ExportOptions
+from solver.backends.frameworks import DTENSOR, export_dtensor, export_joint_frameworks
 from solver.cli.common import console, fmt, input_paths, parse_dims, print_json
 from solver.cli.plan_files import JOINT, NOT_FOR_JOINT, command_plan, load_plan, refuse_for_kind
 from solver.core.errors import MtppError
-from solver.core.files import check_output_dir
+from solver.core.files import check_output_dir, parse_json, read_text
 from solver.core.text import esc
 from solver.core.units import format_bytes
+from solver.frontends.onnx.reader import load_onnx
+from solver.joint.plan import JOINT_FORMAT
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -33,6 +36,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     args.plan = args.plan or args.plan_option
     if args.plan is not None and Path(args.graph).suffix.lower() != ".onnx":
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
+    if args.format == DTENSOR:
+        return cmd_export_dtensor(args)
     # a joint plan may come alone: it names its model
     plan_file = command_plan(args, "export", "name the plan: mtpp export MODEL.onnx PLAN --out DIR")
     if args.format != ONNX:
@@ -142,20 +147,43 @@ def check_verify_options(args: argparse.Namespace) -> None:
 VERIFY_OPTIONS = {"--verify": False, "--verify-memory-ok": False, "--tolerance": None, "--seed": 0}
 
 
-def check_framework_request(args: argparse.Namespace, plan_file) -> None:
-    """Refuse what a framework form cannot take: a joint plan, and the ONNX export's check."""
-    if plan_file.kind == JOINT:
-        raise MtppError(
-            f"{plan_file.path}: --format {args.format} takes a pipeline plan that cuts only "
-            "between modules (mtpp solve MODEL --granularity layer --out PLAN), not a joint "
-            "plan; export a joint plan with --format onnx"
-        )
+def cmd_export_dtensor(args: argparse.Namespace) -> int:
+    """``--format dtensor``: an operator-sharding plan's parallelize_plan, or a joint plan's
+    layout with both forms (solver.backends.frameworks)."""
+    refuse_verify_options(args)
+    if args.plan is None:
+        raise MtppError("name the plan: mtpp export MODEL.onnx PLAN --format dtensor --out DIR")
+    data = parse_json(read_text(args.plan, "plan file"), args.plan)
+    check_output_dir(args.out, input_paths(args), force=args.force, what="export")
+    if isinstance(data, dict) and data.get("format") == JOINT_FORMAT:
+        g = load_onnx(args.graph, dims=parse_dims(args))
+        rep = export_joint_frameworks(args.graph, g, data, args.out, args.plan, args.force)
+    else:
+        rep = export_dtensor(args.graph, data, args.out, args.plan, args.force)
+    report = {"format": rep.format, "out": str(rep.out_dir), "files": list(rep.files)}
+    print_framework_export(report, args.json)
+    return 0
+
+
+def refuse_verify_options(args: argparse.Namespace) -> None:
+    """The ONNX export's check options, refused with a framework format."""
     for option, default in VERIFY_OPTIONS.items():
         if getattr(args, option.lstrip("-").replace("-", "_")) != default:
             raise MtppError(
                 f"{option} applies to --format onnx (it runs the stage models), not --format "
                 f"{args.format}; drop {option}"
             )
+
+
+def check_framework_request(args: argparse.Namespace, plan_file) -> None:
+    """Refuse what a framework form cannot take: a joint plan, and the ONNX export's check."""
+    if plan_file.kind == JOINT:
+        raise MtppError(
+            f"{plan_file.path}: --format {args.format} takes a pipeline plan that cuts only "
+            "between modules (mtpp solve MODEL --granularity layer --out PLAN), not a joint "
+            "plan; export a joint plan with --format onnx or dtensor"
+        )
+    refuse_verify_options(args)
 
 
 # ---------------------------------------------------------------------- joint plans

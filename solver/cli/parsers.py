@@ -369,7 +369,7 @@ def add_export_parser(sub) -> None:
     )
     p.add_argument(
         "--format",
-        choices=["onnx", *FRAMEWORK_FORMATS],
+        choices=["onnx", *FRAMEWORK_FORMATS, "dtensor"],
         default="onnx",
         help="onnx: the stage models above (default); torch: torch_pipeline.json (split_spec, "
         "stages); torchtitan: torchtitan_pipeline.json (module_fqns_per_model_part); megatron: "
@@ -377,7 +377,10 @@ def add_export_parser(sub) -> None:
         "deepspeed: deepspeed_partition.json (PipelineModule parts); vllm: "
         "vllm_pp_layer_partition.txt (VLLM_PP_LAYER_PARTITION); each with a README.md showing "
         "the call. The framework forms need a plan that cuts only between modules (mtpp solve "
-        "--granularity layer) and take no --verify (docs/frameworks.md)",
+        "--granularity layer) and take no --verify (docs/frameworks.md); dtensor: "
+        "dtensor_plan.json (the parallelize_plan of an operator-sharding plan of mtpp shard, "
+        "what does not map listed), or for a joint plan its (data, tensor, pipeline) layout "
+        "with the split_spec and each stage's parallelize_plan",
     )
     _add_output_options(p)
     _add_verify_options(p)
@@ -442,17 +445,19 @@ def add_run_parser(sub) -> None:
         "through, and report measured throughput and latency next to the simulator's "
         "prediction (node times measured on this machine, queue bandwidth as the link) and "
         "next to the unsplit model in one process with the same total threads.",
-        epilog="example:\n  mtpp run models/small/transformer.onnx plan.json --requests 200",
+        epilog="examples:\n  mtpp run models/small/transformer.onnx plan.json --requests 200\n"
+        "  mtpp run --backend torch --module gpt2.py:build gpt2.onnx layer_plan.json",
         formatter_class=formatter,
     )
     add_model_and_plan(p)
     p.add_argument(
         "--requests",
         type=int,
-        default=100,
-        help="requests to push, 3 to 1,000,000 (default 100)",
+        default=None,
+        help="requests to push, 3 to 1,000,000 (default 100; onnx back end)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    _add_torch_run_options(p)
     p.add_argument(
         "--memory-ok",
         action="store_true",
@@ -463,6 +468,41 @@ def add_run_parser(sub) -> None:
     )
     add_graph_options(p)
     add_json(p)
+
+
+def _add_torch_run_options(p: argparse.ArgumentParser) -> None:
+    """--backend torch and what it takes (docs/frameworks.md)."""
+    p.add_argument(
+        "--backend",
+        choices=["onnx", "torch"],
+        default="onnx",
+        help="onnx: the exported stage models in onnxruntime (default); torch: the module of "
+        "--module split as the plan says, one process per stage joined by torch.distributed "
+        "(gloo, CPU): a layer-granular plan with pipeline() and GPipe (one training step with "
+        "--schedule or a training plan's schedule), an operator-sharding plan of mtpp shard "
+        "in its DTensor form with parallelize_module; outputs (and gradients) checked against "
+        'the unsplit module. Needs pip install "mtpp[torch]"',
+    )
+    p.add_argument(
+        "--module",
+        metavar="FILE.py:FACTORY",
+        help="with --backend torch: a function in FILE.py that builds the torch module that "
+        "was exported to MODEL.onnx (it takes the model's inputs, in order)",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="with --backend torch: microbatches per step (default: a training plan's, else 4)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=["gpipe", "1f1b"],
+        default=None,
+        help="with --backend torch: run one training step under this schedule (default: the "
+        "plan's, if it is a training plan; else inference, GPipe forward)",
+    )
 
 
 def add_experiment_parser(sub) -> None:

@@ -9,15 +9,25 @@ from solver.backends import simulate  # simulate.simulate: tests patch it there
 from solver.backends.run import RunResult, check_requests, run_plan
 from solver.cli.common import console, parse_dims, print_json
 from solver.cli.plan_files import JOINT, PipelineInputs, command_plan, load_pipeline_plan
+from solver.cli.run_torch import cmd_run_torch
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.text import esc
 from solver.frontends.onnx.reader import load_onnx
 from solver.pipeline.plan import JOINT_PLAN_REFUSED
 
+DEFAULT_REQUESTS = 100  # --requests of the onnx back end
+TORCH_OPTIONS = ("--module", "--microbatches", "--schedule")  # --backend torch only
+
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the plan for real, simulate it with node times measured here, and report both."""
+    if args.backend == "torch":
+        return cmd_run_torch(args)
+    for option in TORCH_OPTIONS:
+        if getattr(args, option.lstrip("-")) is not None:
+            raise MtppError(f"{option} applies to --backend torch; add it or drop {option}")
+    args.requests = DEFAULT_REQUESTS if args.requests is None else args.requests
     p = _checked_plan(args)
     run = run_plan(
         args.graph,

@@ -8,12 +8,17 @@ import re
 
 import numpy as np
 import pytest
-from onnx import save
+from onnx import TensorProto, helper, numpy_helper, save
 
 from solver.backends.frameworks import (
+    CLASS_KEY,
     FORMATS,
+    SHARD_PLAN_FORMAT,
+    dtensor_plan,
+    export_dtensor,
     export_framework,
     framework_files,
+    joint_files,
     megatron_layout,
     module_stages,
     write_framework,
@@ -199,3 +204,167 @@ def test_export_framework_from_the_model_file(tmp_path):
     with pytest.raises(MtppError, match="--format 'onnx': choose one of torch"):
         export_framework("onnx", path, g, a, tmp_path / "out2", tmp_path / "plan.json")
     assert not (tmp_path / "out2").exists()
+
+
+# ---------------------------------------------------------------------- DTensor
+LINEAR = "torch.nn.modules.linear.Linear"
+# (op, inputs, output, module, class of the module, weight shapes)
+MLP_NODES = [
+    ("Gather", ["embed.weight", "ids"], "e", "embed", "torch.nn.modules.sparse.Embedding"),
+    ("LayerNormalization", ["e", "ln.w", "ln.b"], "n0", "layers.0.norm",
+     "torch.nn.modules.normalization.LayerNorm"),
+    ("MatMul", ["n0", "fc.w"], "f0", "layers.0.fc", LINEAR),
+    ("Relu", ["f0"], "r0", "layers.0.act", "torch.nn.modules.activation.ReLU"),
+    ("MatMul", ["r0", "proj.w"], "p0", "layers.0.proj", LINEAR),
+    ("Add", ["e", "p0"], "h1", "layers.0", "model.Block"),
+    ("MatMul", ["h1", "head.w"], "y", "head", LINEAR),
+]  # fmt: skip
+MLP_WEIGHTS = {"embed.weight": (16, 8), "ln.w": (8,), "ln.b": (8,), "fc.w": (8, 16),
+               "proj.w": (16, 8), "head.w": (8, 16)}  # fmt: skip
+
+
+def dynamo_mlp_model():
+    """An embedding, a Megatron MLP block (norm, fc, relu, proj, residual) and a head, with
+    the dynamo exporter's name scopes and module classes on every node."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in MLP_WEIGHTS.items()
+    ]
+    nodes = []
+    for i, (op, ins, out, module, cls) in enumerate(MLP_NODES):
+        node = helper.make_node(op, ins, [out], name=f"node_{out}")
+        parts = module.split(".")
+        scopes = ["", *(".".join(parts[: j + 1]) for j in range(len(parts))), f"{op}_{i}"]
+        classes = ["model.Net", *(["model.Block"] * (len(parts) - 1)), cls, f"aten.{op}"]
+        helper.set_metadata_props(
+            node,
+            {"pkg.torch.onnx.name_scopes": repr(scopes), CLASS_KEY: repr(classes)},
+        )
+        nodes.append(node)
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 16])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+MEGATRON = {
+    "node_e": [[4, 1], [1, 1]],  # vocabulary split: RowwiseParallel, indices whole
+    "node_n0": [[1, 1, 1], [1], [1]],
+    "node_f0": [[1, 1, 1], [1, 4]],  # column split
+    "node_r0": [[1, 1, 4]],
+    "node_p0": [[1, 1, 4], [4, 1]],  # row split
+    "node_h1": [[1, 1, 1], [1, 1, 1]],
+    "node_y": [[1, 1, 1], [1, 4]],  # column split of the graph output: gathered at the end
+}
+LAST_DIM_SPLIT = {"shape": [2, 4, 16], "device_matrix": [1, 1, 4], "tensor_map": [-1, -1, 0],
+                  "partial": []}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mlp_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
+    save(dynamo_mlp_model(), str(path))
+    return path
+
+
+def shard_plan(strategies: dict, layouts: dict | None = None) -> dict:
+    return {"format": SHARD_PLAN_FORMAT, "mesh": {"shape": [4]}, "strategies": strategies,
+            "layouts": layouts or {}}  # fmt: skip
+
+
+def test_megatron_strategies_map_onto_dtensor_styles(mlp_path):
+    plan = dtensor_plan(mlp_path, shard_plan(MEGATRON, {"r0": LAST_DIM_SPLIT}), "plan.json")
+    assert plan.to_dict() == {
+        "mesh": [4],
+        "ranks": 4,
+        "parallelize_plan": {
+            "embed": "RowwiseParallel",
+            "layers.0.fc": "ColwiseParallel",
+            "layers.0.proj": "RowwiseParallel",
+            "head": "ColwiseParallel",
+        },
+        "input_layouts": {"embed": "Replicate"},
+        "output_layouts": {"head": "Replicate"},
+        "replicate": ["layers.0.norm"],
+        "not_mapped": [],
+        "follows": [{"module": "layers.0.act", "reason": "1 sharded operator without weights"}],
+    }
+
+
+def test_a_rowwise_module_whose_input_arrives_whole_gathers_nothing_but_slices(mlp_path):
+    whole = {**LAST_DIM_SPLIT, "tensor_map": [-1, -1, -1]}
+    plan = dtensor_plan(mlp_path, shard_plan(MEGATRON, {"r0": whole}), "plan.json")
+    assert plan.input_layouts == {"embed": "Replicate", "layers.0.proj": "Replicate"}
+
+
+def test_strategies_no_style_expresses_are_listed_with_the_reason(mlp_path):
+    strategies = {**MEGATRON, "node_y": [[1, 1, 1], [2, 2]], "node_f0": [[4, 1, 1], [1, 1]]}
+    strategies["node_n0"] = [[1, 4, 1], [1], [1]]  # sequence split: SequenceParallel
+    plan = dtensor_plan(mlp_path, shard_plan(strategies), "plan.json")
+    assert plan.parallelize_plan == {
+        "embed": "RowwiseParallel",
+        "layers.0.norm": "SequenceParallel",
+        "layers.0.proj": "RowwiseParallel",
+    }
+    assert [(n.module, n.reason) for n in plan.not_mapped] == [
+        ("layers.0.fc", "Linear: its input is split [4, 1, 1] (batch or sequence): no module "
+         "style shards that"),
+        ("head", "Linear: its weight is split [2, 2] over 4 devices: neither by columns nor by "
+         "rows"),
+    ]  # fmt: skip
+
+
+def test_dtensor_refuses_a_plan_that_is_not_a_sharding(mlp_path, tmp_path):
+    with pytest.raises(MtppError, match=r"plan.json: --format dtensor takes an operator-shard"):
+        dtensor_plan(mlp_path, {"format": "mtpp-plan"}, "plan.json")
+    with pytest.raises(MtppError, match="no operator of the plan is a node of the model"):
+        dtensor_plan(mlp_path, shard_plan({"elsewhere": [[1]]}), "plan.json")
+
+
+def test_export_dtensor_writes_the_plan_and_the_call(mlp_path, tmp_path):
+    rep = export_dtensor(mlp_path, shard_plan(MEGATRON), tmp_path / "dt", tmp_path / "p.json")
+    assert rep.files == ("dtensor_plan.json", "README.md")
+    data = json.loads((tmp_path / "dt" / "dtensor_plan.json").read_text())
+    assert data["parallelize_plan"]["layers.0.fc"] == "ColwiseParallel"
+    readme = (tmp_path / "dt" / "README.md").read_text()
+    assert "parallelize_module(" in readme and 'init_device_mesh("cuda", (4,))' in readme
+
+
+def test_joint_plan_gives_its_layout_and_both_forms(mlp_path, tmp_path):
+    tensor_stage = {
+        "devices": [0, 1],
+        "mesh": {"shape": [2]},
+        "ops": ["node_e", "node_n0", "node_f0", "node_r0", "node_p0", "node_h1"],
+        "strategies": {"node_f0": [[1, 1, 1], [1, 2]], "node_p0": [[1, 1, 2], [2, 1]],
+                       "node_r0": [[1, 1, 2]], "node_e": [[1, 1], [1, 1]]},
+    }  # fmt: skip
+    data_stage = {"devices": [2, 3], "mesh": {"shape": [2]}, "ops": ["node_y"],
+                  "strategies": {"node_y": [[2, 1, 1], [1, 1]]}}  # fmt: skip
+    joint = {"format": "mtpp-joint-plan", "stages": [tensor_stage, data_stage]}
+    files = joint_files(mlp_path, load_onnx(mlp_path), joint, "joint.json")
+    assert json.loads(files["joint_layout.json"]) == {
+        "pipeline": 2,
+        "stages": [
+            {"stage": 0, "devices": [0, 1], "mesh": [2], "data": 1, "tensor": 2},
+            {"stage": 1, "devices": [2, 3], "mesh": [2], "data": 2, "tensor": 1},
+        ],
+        "torch_pipeline": "torch_pipeline.json",
+        "torch_pipeline_refused": None,
+    }
+    assert json.loads(files["torch_pipeline.json"]) == {
+        "split_spec": {"head": "BEGINNING"},
+        "stages": [["embed", "layers"], ["head"]],
+    }
+    first = json.loads(files["stage0_dtensor_plan.json"])
+    assert first["parallelize_plan"] == {
+        "layers.0.fc": "ColwiseParallel",
+        "layers.0.proj": "RowwiseParallel",
+    }
+    second = json.loads(files["stage1_dtensor_plan.json"])
+    assert second["parallelize_plan"] == {} and second["replicate"] == ["head"]  # data parallel
+    assert "| 1 | [2, 3] | 2 | 1 | 0 | 0 |" in files["README.md"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 from onnx import save
@@ -257,7 +258,7 @@ def test_format_refuses_a_joint_plan(files, tmp_path, capsys):
     assert line == (
         f"mtpp: error: {joint}: --format megatron takes a pipeline plan that cuts only between "
         "modules (mtpp solve MODEL --granularity layer --out PLAN), not a joint plan; export a "
-        "joint plan with --format onnx"
+        "joint plan with --format onnx or dtensor"
     )
 
 
@@ -276,4 +277,60 @@ def test_unknown_format_is_refused_by_the_parser(files, tmp_path, capsys):
     argv = ["export", files / "m.onnx", files / "plan121.json", "--format", "jax"]
     assert_refused(
         capsys, [*argv, "--out", tmp_path / "o"], r"--format: invalid choice: 'jax'", watch=tmp_path
+    )
+
+
+# ---------------------------------------------------------------------- --format dtensor
+def test_dtensor_refuses_a_pipeline_plan(files, tmp_path, capsys):
+    argv = ["export", files / "m.onnx", files / "plan121.json", "--format", "dtensor"]
+    line = assert_refused(capsys, [*argv, "--out", tmp_path / "o"], ".", watch=[files, tmp_path])
+    assert line == (
+        f"mtpp: error: {files / 'plan121.json'}: --format dtensor takes an operator-sharding plan "
+        "(mtpp shard MODEL --out DIR writes DIR/plan.json, format 'mtpp-shard-plan') or a joint "
+        "plan"
+    )
+
+
+def test_dtensor_refuses_the_onnx_check(files, tmp_path, capsys):
+    argv = ["export", files / "m.onnx", files / "plan121.json", "--format", "dtensor"]
+    argv += ["--out", tmp_path / "o", "--verify"]
+    line = assert_refused(capsys, argv, ".", watch=[files, tmp_path])
+    assert line.endswith("--verify applies to --format onnx (it runs the stage models), not "
+                         "--format dtensor; drop --verify")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- mtpp run --backend torch
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--backend torch needs --module FILE.py:FACTORY, a function that builds the torch "
+             "module that was exported to MODEL.onnx"),
+        (["--module", "f.py:build", "--requests", "5"],
+         "--requests applies to --backend onnx; use --microbatches with torch"),
+        (["--module", "f.py:build", "--microbatches", "0"],
+         "--microbatches must be from 1 to 1024, got 0"),
+    ],
+)  # fmt: skip
+def test_torch_backend_refusals(files, tmp_path, capsys, extra, message):
+    argv = ["run", "--backend", "torch", files / "m.onnx", files / "plan121.json", *extra]
+    line = assert_refused(capsys, argv, ".", watch=[files, tmp_path])
+    assert line == f"mtpp: error: {message}"
+
+
+@pytest.mark.parametrize("option", [["--module", "f.py:build"], ["--microbatches", "2"],
+                                    ["--schedule", "gpipe"]])  # fmt: skip
+def test_torch_options_need_the_torch_backend(files, tmp_path, capsys, option):
+    argv = ["run", files / "m.onnx", files / "plan121.json", *option]
+    line = assert_refused(capsys, argv, ".", watch=[files, tmp_path])
+    name = option[0]
+    assert line == f"mtpp: error: {name} applies to --backend torch; add it or drop {name}"
+
+
+def test_torch_backend_without_torch_names_the_extra(files, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    argv = ["run", "--backend", "torch", "--module", "f.py:build", files / "m.onnx"]
+    line = assert_refused(capsys, [*argv, files / "plan121.json"], ".", watch=[files, tmp_path])
+    assert line == (
+        "mtpp: error: --backend torch needs PyTorch, which is not installed: pip install "
+        '"mtpp[torch]"'
     )
