@@ -52,7 +52,6 @@ from solver.spmd.budget import (
 )
 from solver.spmd.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.spmd.program import Planner, evaluate
-from solver.spmd.redistribute import local_bytes
 from solver.spmd.rules import Strategy
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
@@ -117,17 +116,8 @@ class _Problem:
         self.oconst = 0.0
         if model.pl.training is None:
             return
-        sm = model.sm
-        for u, op in enumerate(sm.ops):
-            b = np.array(
-                [
-                    sum(
-                        local_bytes(lay, sm.itemsize(t))
-                        for t, lay in zip(op.outputs, sh.out_layouts, strict=True)
-                    )
-                    for sh in model.cands[u]
-                ]
-            )
+        for u in range(n):
+            b = np.array([model.pl.output_bytes(u, sh) for sh in model.cands[u]])
             if self.sizes[u] == 1:
                 self.oconst += float(b[0])
             else:
@@ -456,19 +446,24 @@ def segments(planner: Planner) -> list[range]:
 
 @dataclass
 class _PlanCosts:
-    """One priced plan, per operator: its time (compute + communication) and weight bytes."""
+    """One priced plan, per operator: its time (compute + communication) and the bytes it
+    adds up (its weights; in training also its outputs, all alive at the last step)."""
 
     strategies: dict[str, Strategy]
     time: np.ndarray
     weights: np.ndarray
-    peak: float  # its activation peak
+    peak: float  # its activation peak (in training: above its outputs' bytes)
 
 
 def _plan_costs(planner: Planner, strategies: dict[str, Strategy], program) -> _PlanCosts:
-    n = len(planner.sm.ops)
-    w = np.array([planner.weight_bytes(i, program.shardings[i]) for i in range(n)])
-    time_per_op = program.time_per_op()
-    return _PlanCosts(strategies, time_per_op, w, program.peak_activation_memory)
+    sm = planner.sm
+    shs = program.shardings
+    w = np.array([planner.weight_bytes(i, shs[i]) for i in range(len(sm.ops))])
+    peak = program.peak_activation_memory
+    if planner.training is not None:
+        kept = np.array([planner.output_bytes(i, shs[i]) for i in range(len(sm.ops))])
+        w, peak = w + kept, max(0.0, peak - float(kept.sum()))
+    return _PlanCosts(strategies, program.time_per_op(), w, peak)
 
 
 @dataclass

@@ -177,6 +177,14 @@ class Planner:
             if t in self.sm.consts
         )
 
+    def output_bytes(self, i: int, sh: OpSharding) -> float:
+        """Bytes of operator ``i``'s local outputs on each device under ``sh``."""
+        op = self.sm.ops[i]
+        return sum(
+            local_bytes(lay, self.sm.itemsize(t))
+            for t, lay in zip(op.outputs, sh.out_layouts, strict=True)
+        )
+
     # ------------------------------------------------------------------ the terms optimisers read
     def unary_time(self, i: int, sh: OpSharding) -> float:
         """Operator ``i``'s own time under ``sh``: its compute, and in training its backward
