@@ -425,7 +425,10 @@ class ShardModel:
             top = min(top, cap)
         self.W = self.m.NewIntVar(0, max(top, 0), "weights")
         self.m.Add(sum(k * x for k, x in self.w_terms) + self.w_const == self.W)
-        steps = [self._step_bytes(v) for v in range(len(self.sm.ops))]
+        if self.pl.training is not None:
+            steps = self._kept_steps()
+        else:
+            steps = [self._step_bytes(v) for v in range(len(self.sm.ops))]
         most = max((st.most for st in steps), default=0)
         self.peak = self.m.NewIntVar(0, top + most, "memory")
         for st in steps:
@@ -475,9 +478,34 @@ class ShardModel:
                 self.aux.append((y, lambda ch, ch0=chosen: int(any(ch[v] == s for v, s in ch0))))
         self.w_terms, self.w_const = w_terms, w_const
 
-    def _step_bytes(self, v: int) -> _StepBytes:
+    def _kept_steps(self) -> list[_StepBytes]:
+        """Training: every output is kept until the backward, so step v holds the outputs of
+        operators 0 .. v; an integer ``acc_v = acc_(v-1) + outputs of v`` carries them (n
+        terms in all, not one per output and step), beside each step's copies."""
+        out: list[_StepBytes] = []
+        acc, acc_top, acc_const = None, 0, 0
+        sizes_of: list[list[int]] = []
+        for v in range(len(self.sm.ops)):
+            copies = self._step_bytes(v, live=False)
+            sizes = [self.b_int(self.pl.output_bytes(v, sh)) for sh in self.cands[v]]
+            sizes_of.append(sizes)
+            if len(sizes) == 1:
+                acc_const += sizes[0]
+            elif max(sizes) > 0:
+                top = acc_top + max(sizes)
+                nxt = self.m.NewIntVar(0, top, "")
+                added = sum(k * x for k, x in zip(sizes, self.x[v], strict=True))
+                self.m.Add(nxt == (acc if acc is not None else 0) + added)
+                acc, acc_top = nxt, top
+                self.aux.append((nxt, lambda ch, v=v: _kept_up_to(sizes_of, ch, v)))
+            terms = copies.terms + ([(1, acc, acc_top)] if acc is not None else [])
+            const = copies.const + acc_const
+            out.append(_StepBytes(terms, const, copies.most + acc_top + acc_const))
+        return out
+
+    def _step_bytes(self, v: int, live: bool = True) -> _StepBytes:
         """The bytes held at step ``v`` besides the weights: its copies and outputs, and the
-        activations alive across it."""
+        activations alive across it (with ``live``; else its copies only)."""
         _check(self.deadline)
         sm = self.sm
         terms = list(self.step_terms[v])
@@ -487,7 +515,7 @@ class ShardModel:
                 const += self.b_int(b)
             elif b:
                 terms.append((self.b_int(b), self.x[v][s], 1))
-        for u, pos in self.live[v]:
+        for u, pos in self.live[v] if live else ():
             t = sm.ops[u].outputs[pos]
             sizes = [
                 self.b_int(local_bytes(sh.out_layouts[pos], sm.itemsize(t))) for sh in self.cands[u]
@@ -570,6 +598,11 @@ class ShardModel:
             "variables": len(p.variables),
             "constraints": len(p.constraints),
         }
+
+
+def _kept_up_to(sizes_of: list[list[int]], choice: list[int], v: int) -> int:
+    """The outputs' bytes (units) operators 0 .. v with a choice hold under ``choice``."""
+    return sum(sizes_of[u][choice[u]] for u in range(v + 1) if len(sizes_of[u]) > 1)
 
 
 def _cut_rows(c: list[list[int]]) -> list:

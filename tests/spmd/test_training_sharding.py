@@ -16,6 +16,7 @@ from solver.cli import main
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.result import OPTIMAL
+from solver.spmd.exact import ExactOptions, min_memory, solve_exact
 from solver.spmd.lagrange import lagrange
 from solver.spmd.mesh import make_mesh
 from solver.spmd.model import from_proto
@@ -218,6 +219,9 @@ def test_training_optimum_equals_brute_force(seed, mesh):
         assert res.objective == pytest.approx(best, rel=1e-9, abs=1e-18)
         assert best * (1 - 1e-6) <= res.lower_bound <= best * (1 + 1e-12)
         assert limit is None or res.program.memory_per_device <= limit
+        exact = solve_exact(pl, limit, {}, [], ExactOptions(time_limit=20, workers=1))
+        assert exact.cpsat_status == "OPTIMAL"  # CP-SAT alone, its memory model included
+        assert evaluate(pl, exact.strategies).objective == pytest.approx(best, rel=1e-9)
         lag = lagrange(pl, limit, {}, 5.0)  # prices every output's bytes with the weights
         assert lag.lower_bound <= best * (1 + 1e-12)
         assert lag.objective >= best * (1 - 1e-12)
@@ -238,6 +242,9 @@ def test_training_optimum_equals_brute_force(seed, mesh):
         )
     need = int(re.search(r"any plan needs is .*?\((\d+) bytes\)", str(info.value)).group(1))
     assert need == least
+    lean = min_memory(pl, {}, 20, workers=1)  # CP-SAT's memory model, minimised
+    assert lean.lower <= least <= lean.upper
+    assert lean.upper == pytest.approx(least)
 
 
 # ---------------------------------------------------------------------- the command
