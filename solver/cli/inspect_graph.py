@@ -44,6 +44,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             for v in top
         ],
     }
+    if args.training_costs:
+        add_training_costs(info, g, top)
     for key, val in g.hints.items():
         if key not in ("cluster", "format"):
             info.setdefault(key, val)
@@ -52,6 +54,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 0
     print_inspect(console(), g, cluster, info, ops)
     return 0
+
+
+def add_training_costs(info: dict, g, top: np.ndarray) -> None:
+    """``--training-costs``: the backward work and the stash per in-flight microbatch, in
+    total and of each heaviest operator (a graph without them: their defaults)."""
+    backward, stash = g.backward_work, g.stash_bytes
+    info["work_backward"] = float(backward.sum())
+    info["stash"] = float(stash.sum())
+    for row, v in zip(info["heaviest"], top, strict=True):
+        row["work_backward"] = float(backward[v])
+        row["stash"] = float(stash[v])
 
 
 def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
@@ -68,6 +81,9 @@ def print_inspect(con, g, cluster, info: dict, ops: Counter) -> None:
     t.add_row("parameters", f"{g.num_params} entities, {format_bytes(g.param_bytes_total)}")
     t.add_row("activations", f"{format_bytes(info['activation_bytes'])} (sum of outputs)")
     t.add_row("total work", format_time(info["work"]))
+    if "work_backward" in info:
+        t.add_row("backward work", format_time(info["work_backward"]))
+        t.add_row("stash", f"{format_bytes(info['stash'])} per in-flight microbatch")
     if g.flops is not None:
         t.add_row("total FLOPs", f"{info['flops']:.4g}")
     t.add_row("co-location groups", str(len(g.groups)))

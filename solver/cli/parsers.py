@@ -118,6 +118,12 @@ def add_inspect_parser(sub) -> None:
     )
     p.add_argument("graph", metavar="GRAPH", help="graph file (.onnx or .json)")
     p.add_argument("--top", type=int, default=10, help="heaviest operators to list (default 10)")
+    p.add_argument(
+        "--training-costs",
+        action="store_true",
+        help="also the backward work and the stash of training (docs/training.md; an ONNX "
+        "model's come from its operator table): totals, and per heaviest operator",
+    )
     add_graph_options(p)
     add_json(p)
 

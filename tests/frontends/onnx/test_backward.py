@@ -4,14 +4,17 @@ table of solver.frontends.onnx.backward, on small models with exact expected num
 from __future__ import annotations
 
 import argparse
+import json
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from models import llama
+from solver.cli import main
 from solver.cli.common import load_graph_and_cluster
 from solver.core.graph import Graph
 from solver.frontends import load_graph, native
@@ -224,3 +227,20 @@ def test_an_operator_without_gradient_stops_it_for_its_consumers():
     # Floor has none, so the product computes dW alone (1 x) and keeps f for it
     assert got.factor.tolist() == [0.0, 1.0, 0.0, 1.0]
     assert got.stash.tolist() == [0.0, 32.0, 0.0, 32.0]
+
+
+def test_inspect_shows_training_costs_only_when_asked(tmp_path, capsys):
+    path = str(mlp(tmp_path))
+    assert main(["inspect", path, "--json", "--top", "1"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "work_backward" not in plain and "stash" not in plain["heaviest"][0]
+    assert main(["inspect", path, "--json", "--top", "1", "--training-costs"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    g = load_graph(path, training_costs=True)
+    assert got["stash"] == float(g.stash.sum()) == 4 * 8 * 4 + 4 * 16 * 4 + 4 * 4 * 4
+    assert got["work_backward"] == pytest.approx(float(g.work_backward.sum()), rel=1e-12)
+    top = got["heaviest"][0]
+    assert top["stash"] == g.stash[g.index[top["name"]]]
+    assert {k: v for k, v in got.items() if k not in ("work_backward", "stash", "heaviest")} == {
+        k: v for k, v in plain.items() if k != "heaviest"
+    }
