@@ -799,7 +799,10 @@ def _operator_section(report: Report) -> str:
     table = (
         '<table id="operator-table"><thead><tr><th class="name">operator</th>'
         '<th class="name">op</th><th class="name">strategy</th><th>local output shape</th>'
-        "<th>compute</th><th>communication</th><th>compute | communication</th></tr></thead>"
+        "<th>compute</th><th>communication</th>"
+        f'<th><span class="swatch" style="background:{PALETTE[0]}"></span>compute '
+        f'<span class="swatch" style="background:{PALETTE[3]}"></span>communication</th>'
+        "</tr></thead>"
         f"\n<tbody>\n{''.join(body)}</tbody></table>\n"
     )
     return _section("operators", "Operators", table)
