@@ -230,9 +230,10 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
 def _add_training_options(p: argparse.ArgumentParser) -> None:
     """mtpp solve's training group: a training plan instead of an inference plan."""
     t = p.add_argument_group(
-        "training (docs/training.md): the plan's objective is the iteration time T of m "
+        "training",
+        "a training plan (docs/training.md): the objective is the iteration time T of m "
         "microbatches forward and backward under the schedule, each stage's training memory "
-        "within the capacity"
+        "within the capacity",
     )
     t.add_argument(
         "--schedule",
