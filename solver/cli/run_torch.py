@@ -124,8 +124,7 @@ def _run_sharded(args: argparse.Namespace, data: dict) -> int:
         raise MtppError("--schedule 1f1b applies to pipeline plans; drop it")
     opts = TorchRunOptions(
         args.microbatches or DEFAULT_MICROBATCHES,
-        args.schedule is not None,
-        "",
+        args.schedule is not None,  # a training step: forward and backward per microbatch
         seed=args.seed,
         dims=parse_dims(args),
     )
@@ -178,9 +177,9 @@ def _comparison(c: Comparison) -> dict:
 def _print(result: TorchRunResult, sim: SimulatedStep, stages, basis: str) -> None:
     con = console()
     what = "stage" if stages else "tensor-parallel"
-    mode = f"one training step ({result.schedule})" if result.train else "inference"
-    if not stages and not result.train:
-        mode = "inference (forward)"
+    mode = "one training step" if result.train else "inference"
+    if result.train and result.schedule:
+        mode += f" ({result.schedule})"
     shapes = ", ".join(esc(f"{x} {v}") for x, v in result.input_shapes.items())
     con.print(
         f"[bold]torch run[/bold] (gloo, CPU): {result.ranks} {what} processes, "
