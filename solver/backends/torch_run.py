@@ -42,6 +42,7 @@ from solver.backends.torch_stage import (
     flat_tensors,
     load_factory,
     mse_loss,
+    one_line,
     rank_main,
 )
 from solver.core.cluster import Cluster
@@ -140,9 +141,13 @@ def build_module(factory_spec: str, paths: list[str]):
     import torch  # heavy: torch (the torch extra)
 
     try:
-        module = load_factory(factory_spec)()
+        factory = load_factory(factory_spec)
     except ValueError as e:
         raise MtppError(str(e)) from None
+    try:
+        module = factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory may raise anything
+        raise MtppError(f"--module {factory_spec}: the factory failed: {one_line(e)}") from None
     if not isinstance(module, torch.nn.Module):
         raise MtppError(
             f"--module {factory_spec}: the factory returned {type(module).__name__}, not a "

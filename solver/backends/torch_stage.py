@@ -18,6 +18,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from solver.backends.stage_worker import one_line
+
 PIPELINE, TENSOR_PARALLEL = "pipeline", "tensor-parallel"
 BANDWIDTH_BYTES = 4 * 2**20  # a gloo send/recv of this size measures the link between ranks
 
@@ -56,16 +58,19 @@ def load_factory(spec: str, where: str = "--module"):
     path, sep, name = spec.rpartition(":")
     if not sep or not path.endswith(".py") or not name.isidentifier():
         raise ValueError(
-            f"{where} {spec!r}: expected FILE.py:FACTORY (a function that builds the torch module)"
+            f"{where} {spec}: expected FILE.py:FACTORY (a function that builds the torch module)"
         )
     if not Path(path).is_file():
-        raise ValueError(f"{where} {spec!r}: {path} does not exist")
+        raise ValueError(f"{where} {spec}: {path} does not exist")
     mod_spec = importlib.util.spec_from_file_location(f"mtpp_user_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file may raise anything
+        raise ValueError(f"{where} {spec}: importing {path} failed: {one_line(e)}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
-        raise ValueError(f"{where} {spec!r}: {path} defines no function {name}")
+        raise ValueError(f"{where} {spec}: {path} defines no function {name}")
     return factory
 
 
@@ -96,8 +101,7 @@ def rank_main(rank: int, task: RankTask) -> None:
         report = _run_rank(rank, task)
         (folder / f"rank{rank}.json").write_text(json.dumps(asdict(report)))
     except BaseException as e:  # noqa: BLE001 - every failure goes to the driver in one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        (folder / f"rank{rank}.err").write_text(f"{type(e).__name__}: {first}")
+        (folder / f"rank{rank}.err").write_text(one_line(e))
         traceback.print_exc(file=sys.stderr)
         sys.exit(1)
 

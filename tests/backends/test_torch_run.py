@@ -20,7 +20,9 @@ import re
 
 import pytest
 
+from solver.backends.torch_run import Reference, compare_grads, compare_outputs
 from solver.cli import main
+from tests.badinput import assert_refused
 
 torch = pytest.importorskip("torch", reason='needs the torch extra: pip install "mtpp[torch]"')
 pytest.importorskip("transformers", reason="needs transformers (the test extra)")
@@ -157,8 +159,6 @@ def test_megatron_sharding_runs_with_parallelize_module_on_four_ranks(tmp_path, 
 
 
 def test_comparisons_fail_on_tensors_that_differ():
-    from solver.backends.torch_run import Reference, compare_grads, compare_outputs
-
     gen = torch.Generator().manual_seed(3)
     want = [torch.randn(2, 3, generator=gen)]
     assert compare_outputs([want[0].clone()], want).ok
@@ -179,3 +179,24 @@ def test_comparisons_fail_on_tensors_that_differ():
     assert compare_grads([{"wte.weight": 0.25 * g}, {"lm_head.weight": 0.75 * g}], ref).ok
     assert not compare_grads([{"wte.weight": 0.25 * g}], ref).ok
     assert compare_grads([{}], ref).where == "gradient of wte.weight missing"
+
+
+def test_a_factory_that_builds_another_module_is_refused(gpt2, tmp_path, capsys):
+    d, factory, model = gpt2
+    other = tmp_path / "other.py"
+    other.write_text("import torch\n\n\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    argv = ["run", "--backend", "torch", model, d / "plan4.json", "--module"]
+    line = assert_refused(capsys, [*argv, f"{other}:build"], ".", watch=[d, tmp_path])
+    assert line == (
+        f"mtpp: error: --module {other}:build: the module has no submodule transformer.wte (the "
+        "plan's module paths come from the model that was exported to ONNX; build the same model)"
+    )
+    none = tmp_path / "none.py"
+    line = assert_refused(capsys, [*argv, f"{none}:build"], ".", watch=d)
+    assert line == f"mtpp: error: --module {none}:build: {none} does not exist"
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\n\ndef build():\n    raise RuntimeError('no weights')\n")
+    line = assert_refused(capsys, [*argv, f"{broken}:build"], ".", watch=d)
+    assert line == (
+        f"mtpp: error: --module {broken}:build: the factory failed: RuntimeError: no weights"
+    )
