@@ -137,9 +137,10 @@ def _two_hosts(k: int, capacity: float | None = None) -> Cluster:
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_heterogeneous_placement_equals_brute_force(schedule):
+@pytest.mark.parametrize("seed", [21, 22])
+def test_heterogeneous_placement_equals_brute_force(schedule, seed):
     spec = SCHEDULES[schedule]
-    g = _dag(5, 21)
+    g = _dag(5, seed)
     free = _two_hosts(3)
     best_free = _check_exact(g, free, spec, 3)
     res = _solve(g, free, spec)
