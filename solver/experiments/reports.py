@@ -9,12 +9,19 @@ only proof comes from the method being compared.
 Joint runs (pipeline vs sharding vs joint plans) get their own table and plot
 (joint_vs_spaces.png): each space's bound holds over that space only, so no joint record proves
 an optimum; the bound valid for every joint plan (``universal_bound``) is the instance's bound.
+
+One path for every kind of run: each record carries the result contract (status, objective,
+lower bound), and :data:`RECORD_KINDS` says, per kind (the ``kind`` of the run's description),
+what names its instance, which of its bound and status hold over the whole instance, whether a
+plan meeting another record's bound proves the optimum, and its section and plot.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from solver.core.files import atomic_file
@@ -22,29 +29,68 @@ from solver.core.result import ERROR, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
 from solver.experiments import benchdata
 
 
-# ---------------------------------------------------------------------- exact optima
-def _instance(r: dict) -> tuple:
-    if is_joint(r):  # a joint instance: model, cluster (all its devices) and memory limit
-        return ("joint", r.get("graph_key"), r.get("cluster_key"), r.get("memory_bytes"))
-    if is_shard(r):  # a sharding instance: model, cluster, mesh and memory limit
-        return (
-            "shard",
-            r.get("graph_key"),
-            r.get("cluster_key"),
-            r.get("mesh"),
-            r.get("memory_bytes"),
-        )
-    return (r.get("graph_key"), r.get("cluster_key"), r.get("k"))
+# ---------------------------------------------------------------------- kinds of records
+@dataclass(frozen=True)
+class Scope:
+    """What of a record holds over its whole instance: the bound (None: none does) and
+    whether its OPTIMAL status does."""
+
+    bound: float | None
+    status_holds: bool
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    """How the reports read the records of one kind of run."""
+
+    instance: tuple[str, ...]  # the record fields that name an instance (with the kind)
+    scope: Callable[[dict], Scope]  # what of a record holds over the whole instance
+    bounds_prove: bool  # a plan that meets another record's bound proves the optimum
+    section: Callable[[list[dict]], str] | None = None  # its part of summary.md (pipeline:
+    # the summary itself, see write_reports)
+    plot: Callable[[list[dict], Path], None] | None = None
+
+
+def record_kind(r: dict) -> str:
+    """The kind of a run's record: pipeline (no ``kind``), shard or joint."""
+    return r.get("kind") or "pipeline"
 
 
 def is_shard(r: dict) -> bool:
     """A record of an operator-sharding run (the experiment's ``shard:`` key)."""
-    return r.get("kind") == "shard"
+    return record_kind(r) == "shard"
 
 
 def is_joint(r: dict) -> bool:
     """A record of a joint-plan run (the experiment's ``joint:`` key)."""
-    return r.get("kind") == "joint"
+    return record_kind(r) == "joint"
+
+
+def _whole_scope(r: dict) -> Scope:
+    """A pipeline plan: its bound and status speak of every plan of the instance."""
+    return Scope(r.get("lower_bound"), True)
+
+
+def _shard_scope(r: dict) -> Scope:
+    """A sharding run with a strategy file solved a restricted problem: its plan is a plan of
+    the instance, but its bound and OPTIMAL status hold for the restricted problem only."""
+    if (r.get("options") or {}).get("config"):
+        return Scope(None, False)
+    return Scope(r.get("lower_bound"), True)
+
+
+def _joint_scope(r: dict) -> Scope:
+    """Each space's bound and OPTIMAL hold over that space only: of the instance (every joint
+    plan) only the universal bound is known."""
+    return Scope(r.get("universal_bound"), False)
+
+
+# ---------------------------------------------------------------------- exact optima
+def _instance(r: dict) -> tuple:
+    """The instance of a record: pipeline (graph, cluster, k); shard (model, cluster, mesh,
+    memory limit); joint (model, cluster with all its devices, memory limit)."""
+    kind = record_kind(r)
+    return (kind, *(r.get(name) for name in RECORD_KINDS[kind].instance))
 
 
 def _known(r: dict) -> float | None:
@@ -111,17 +157,13 @@ def prove_optimum(recs: list[dict], optimal_only: bool = False) -> dict:
 
 
 def _evidence(r: dict) -> dict:
-    """What a record proves about its instance. A sharding run with a strategy file solved a
-    restricted problem: its plan is a plan of the instance, but its bound and OPTIMAL status
-    hold for the restricted problem only, so they are not used."""
-    if is_shard(r) and (r.get("options") or {}).get("config"):
-        status = FEASIBLE if r.get("status") == OPTIMAL else r.get("status")
-        return dict(r, lower_bound=None, status=status)
-    if is_joint(r):  # each space's bound and OPTIMAL hold over that space only: of the
-        # instance (every joint plan) only the universal bound is known
-        status = FEASIBLE if r.get("status") == OPTIMAL else r.get("status")
-        return dict(r, lower_bound=r.get("universal_bound"), status=status)
-    return r
+    """What a record proves about its instance: its plan, and of its bound and OPTIMAL status
+    what holds over the whole instance (:attr:`RecordKind.scope`)."""
+    scope = RECORD_KINDS[record_kind(r)].scope(r)
+    status = r.get("status")
+    if status == OPTIMAL and not scope.status_holds:
+        status = FEASIBLE
+    return dict(r, lower_bound=scope.bound, status=status)
 
 
 def enrich(records: list[dict]) -> list[dict]:
@@ -130,7 +172,8 @@ def enrich(records: list[dict]) -> list[dict]:
     for r in records:
         by_inst.setdefault(_instance(r), []).append(_evidence(r))
     proofs = {
-        key: prove_optimum(recs, key[0] in ("shard", "joint")) for key, recs in by_inst.items()
+        key: prove_optimum(recs, not RECORD_KINDS[key[0]].bounds_prove)
+        for key, recs in by_inst.items()
     }
     out = []
     for r in records:
@@ -196,15 +239,15 @@ def write_reports(records: list[dict], out: Path, name: str = "experiment") -> N
         w.writeheader()
         for r in rows:
             w.writerow({c: r.get(c) for c in CSV_COLUMNS})
-    pipeline = [r for r in rows if not is_shard(r) and not is_joint(r)]
-    shard = [r for r in rows if is_shard(r)]
-    joint = [r for r in rows if is_joint(r)]
-    text = summary_markdown(pipeline, name) if pipeline or not (shard or joint) else f"# {name}\n"
-    if shard:
-        text += "\n" + shard_markdown(shard)
-    if joint:
-        text += "\n" + joint_markdown(joint)
-        plot_joint(joint, out)
+    by_kind = {kind: [r for r in rows if record_kind(r) == kind] for kind in RECORD_KINDS}
+    pipeline = by_kind.pop("pipeline")
+    others = {kind: part for kind, part in by_kind.items() if part}
+    # the pipeline summary is the page (also for an experiment without runs)
+    text = summary_markdown(pipeline, name) if pipeline or not others else f"# {name}\n"
+    for kind, part in others.items():
+        text += "\n" + RECORD_KINDS[kind].section(part)
+        if RECORD_KINDS[kind].plot is not None:
+            RECORD_KINDS[kind].plot(part, out)
     with atomic_file(out / "summary.md") as fh:
         fh.write(text)
     plot_results(pipeline, out)
@@ -659,3 +702,19 @@ def plot_results(rows: list[dict], out: Path) -> None:
     if any(ax.get_lines()):
         ax.legend(fontsize=8)
     _save_figure(fig, out / "time_vs_size.png")
+
+
+# the kinds of records, in the order of their sections in summary.md
+RECORD_KINDS = {
+    "pipeline": RecordKind(("graph_key", "cluster_key", "k"), _whole_scope, True),
+    "shard": RecordKind(
+        ("graph_key", "cluster_key", "mesh", "memory_bytes"), _shard_scope, False, shard_markdown
+    ),
+    "joint": RecordKind(
+        ("graph_key", "cluster_key", "memory_bytes"),
+        _joint_scope,
+        False,
+        joint_markdown,
+        plot_joint,
+    ),
+}

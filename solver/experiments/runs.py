@@ -1,12 +1,12 @@
 """One run of an experiment, where the files are (a worker of either backend): build a
-generated graph once, solve it with a pipeline method, a sharding method or a joint space, and
-return the run's record with its plan under ``_plan`` for the driver to write. Nothing here
-writes into the results folder except the generated models under ``out/models``.
+generated graph once, solve it with a pipeline method, a sharding method or a joint space
+(each through :func:`solver.api.solve`), and return the run's record with its plan under
+``_plan`` for the driver to write. Nothing here writes into the results folder except the
+generated models under ``out/models``.
 
-A sharding run (:func:`solver.spmd.solve.solve_sharding`) whose plan is over the memory limit
-is an ERROR record with the memory it needs. A joint run (:func:`solver.joint.plan_joint`)
-records its objective, bound and the space the bound covers, the stages, and the period the
-joint simulator measures for the plan.
+A sharding run (an SPMD plan) whose plan is over the memory limit is an ERROR record with the
+memory it needs. A joint run records its objective, bound and the space the bound covers, the
+stages, and the period the joint simulator measures for the plan.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from solver import api
 from solver.backends.simulate_joint import AGREE, simulate_joint
-from solver.core.cluster import cluster_from_dict, load_cluster
+from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import write_json_atomic
 from solver.core.result import ERROR, INFEASIBLE
@@ -27,11 +27,9 @@ from solver.frontends import load_graph, resolve_cluster
 from solver.frontends.native import to_dict
 from solver.frontends.onnx.modelgen import BUILDERS, save
 from solver.frontends.workloads import layered_dag
-from solver.joint import plan_joint
 from solver.joint.segment import tensor_bytes
 from solver.pipeline.options import SolveOptions
-from solver.spmd.model import load_model
-from solver.spmd.solve import solve_sharding
+from solver.spmd.model import ShardModel, load_model
 
 
 def materialise(gs: GraphSpec, base: Path, bench: Path, out: Path) -> Path:
@@ -81,23 +79,63 @@ def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> d
     """Load the graph file, solve, evaluate: the run's record, with its plan under ``_plan``
     for the driver to write. ``cluster`` is an inline mapping, "file" (what the graph file
     states), a preset name or a cluster YAML path. It runs where the files are (a worker of
-    either backend) and writes nothing. The record is the run's description with the fields
-    of its kind (:data:`RECORD_FIELDS`); a run that fails is an ERROR record with the reason
-    (and the fields its kind had filled before)."""
+    either backend) and writes nothing.
+
+    One path for every kind of run: the run's request (:data:`REQUESTS`, by the ``kind`` of
+    its description: pipeline, shard or joint) is solved by :func:`solver.api.solve`, and the
+    record is the run's description, what was known before the solve (graph size, cluster),
+    the result's status, objective and bound (the :class:`solver.core.result.Result`
+    contract) and the fields of its kind (:data:`RESULT_FIELDS`). A run that fails is an ERROR
+    record with the reason (and the fields filled before)."""
     run = RunInput(desc, GraphSpec.model_validate(gs_data), graph, cluster, workers)
+    kind = desc.get("kind") or "pipeline"
     t0 = time.perf_counter()
     rec = dict(desc)
     try:
-        RECORD_FIELDS[desc.get("kind") or "pipeline"](run, rec)
+        request = REQUESTS[kind](run)
+        rec.update(request.facts)
+        result = api.solve(request.problem, request.method, request.options, API_KIND[kind])
+        if result is None:  # proven: no valid plan
+            rec.update(status=INFEASIBLE, objective=None, lower_bound=None)
+        else:
+            rec.update(status=result.status, objective=result.objective)
+            rec["lower_bound"] = result.lower_bound
+            RESULT_FIELDS[kind](run, request, result, rec)
     except MtppError as e:
         rec.update(status=ERROR, error=str(e), objective=None, lower_bound=None)
     rec["wall_seconds"] = time.perf_counter() - t0
     return rec
 
 
-def pipeline_fields(run: RunInput, rec: dict) -> None:
-    """A pipeline partitioning run (:func:`solver.api.solve`): the graph's size, the cluster,
-    the plan's status, objective and bound, the plan under ``_plan``."""
+@dataclass
+class Request:
+    """What :func:`solver.api.solve` gets for one run, and what is known before it runs."""
+
+    problem: api.Problem
+    method: str  # the method's name in solver.api (a joint run's method is "joint")
+    options: SolveOptions
+    facts: dict  # nodes, k, cluster_name (joint: weight_bytes too)
+    model: ShardModel | None = None  # the ONNX model as the SPMD planner reads it (shard, joint)
+
+
+def _options(run: RunInput, extra: dict) -> SolveOptions:
+    desc = run.desc
+    return SolveOptions(
+        time_limit=desc["time_limit"], workers=run.workers, seed=desc["seed"], extra=extra
+    )
+
+
+def _model_cluster(run: RunInput, devices: int | None) -> Cluster:
+    """The cluster of an ONNX model's run: the inline one or the named one (an ONNX model
+    states none, so "file" is the default preset), with ``devices``."""
+    if isinstance(run.cluster, dict):
+        return cluster_from_dict(run.cluster, "inline cluster").with_devices(devices)
+    return load_cluster(None if run.cluster == "file" else run.cluster, devices)
+
+
+def pipeline_request(run: RunInput) -> Request:
+    """A pipeline partitioning run: the cost graph (an ONNX model with the run's dims and work
+    model) on the run's cluster."""
     desc, cluster = run.desc, run.cluster
     path = Path(run.graph)
     ref = cluster if isinstance(cluster, str) and cluster != "file" else None
@@ -109,79 +147,67 @@ def pipeline_fields(run: RunInput, rec: dict) -> None:
         cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
     else:  # "file": what the graph file states, else the default preset
         cl = resolve_cluster(g, ref, desc["devices"])
-    opts = SolveOptions(
-        time_limit=desc["time_limit"],
-        workers=run.workers,
-        seed=desc["seed"],
-        extra=dict(desc["options"]),
-    )
-    plan = api.solve(api.Problem(graph=g, cluster=cl), desc["method_name"], opts)
-    rec.update(nodes=g.n, k=cl.devices, cluster_name=cl.name)
-    if plan is None:
-        rec.update(status=INFEASIBLE, objective=None, lower_bound=None)
-    else:
-        rec["_plan"] = plan.to_dict()
-        rec.update(status=plan.status, objective=plan.objective, lower_bound=plan.lower_bound)
+    facts = {"nodes": g.n, "k": cl.devices, "cluster_name": cl.name}
+    problem = api.Problem(graph=g, cluster=cl)
+    return Request(problem, desc["method_name"], _options(run, dict(desc["options"])), facts)
 
 
-def shard_fields(run: RunInput, rec: dict) -> None:
-    """A sharding run (:func:`solver.spmd.solve.solve_sharding`): the operators, the cluster,
-    the status, objective, bound and memory per device, the strategies under ``_plan``. A plan
-    over the memory limit, or none within it, raises (an ERROR record with the reason)."""
-    desc, cluster = run.desc, run.cluster
-    if isinstance(cluster, dict):
-        cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
-    else:  # "file": an ONNX model states no cluster, so the default preset
-        cl = load_cluster(None if cluster == "file" else cluster, desc["devices"])
-    res = solve_sharding(
-        run.graph,
-        mesh=tuple(desc["mesh_shape"]),
-        method=desc["method_name"],
-        memory=desc["memory_bytes"],
-        config=desc["options"].get("config"),
-        time_limit=desc["time_limit"],
+def shard_request(run: RunInput) -> Request:
+    """A sharding run: the ONNX model on the run's mesh within its memory limit, with the
+    method's strategy file fixed. A plan over the memory limit, or none within it, raises
+    (an ERROR record with the reason)."""
+    desc = run.desc
+    cl = _model_cluster(run, desc["devices"])
+    sm = load_model(run.graph, run.gs.dims)
+    facts = {"nodes": len(sm.ops), "k": cl.devices, "cluster_name": cl.name}
+    problem = _model_problem(run, sm, cl)
+    extra = {"mesh": tuple(desc["mesh_shape"]), "config": desc["options"].get("config")}
+    return Request(problem, desc["method_name"], _options(run, extra), facts, sm)
+
+
+def joint_request(run: RunInput) -> Request:
+    """A joint run in the run's space (all the cluster's devices). A space where no plan fits
+    the memory limit raises (an ERROR record with the reason)."""
+    cl = _model_cluster(run, None)
+    sm = load_model(run.graph, run.gs.dims)
+    weights = sum(tensor_bytes(sm, t) for t in sm.consts)
+    facts = {"nodes": len(sm.ops), "k": cl.devices, "cluster_name": cl.name}
+    facts["weight_bytes"] = weights
+    problem = _model_problem(run, sm, cl)
+    options = _options(run, {"space": run.desc["space"]})
+    return Request(problem, api.JOINT, options, facts, sm)
+
+
+def _model_problem(run: RunInput, sm: ShardModel, cl: Cluster) -> api.Problem:
+    return api.Problem(
+        graph_path=run.graph,
+        model=sm,
         cluster=cl,
-        dims=run.gs.dims,
-        workers=run.workers,
-        seed=desc["seed"],
+        memory=run.desc["memory_bytes"],
+        dims=dict(run.gs.dims),
     )
-    rec.update(nodes=len(res.planner.sm.ops), k=cl.devices, cluster_name=cl.name)
-    rec.update(status=res.status, objective=res.objective, lower_bound=res.lower_bound)
+
+
+def pipeline_fields(run: RunInput, request: Request, plan, rec: dict) -> None:
+    """A pipeline plan: its file's JSON under ``_plan``."""
+    rec["_plan"] = plan.to_dict()
+
+
+def shard_fields(run: RunInput, request: Request, res, rec: dict) -> None:
+    """A sharding plan: the memory per device, the strategies under ``_plan``."""
     rec["memory_per_device"] = res.program.memory_per_device
     rec["_plan"] = {
         "kind": "shard",
-        "mesh": desc["mesh_shape"],
+        "mesh": run.desc["mesh_shape"],
         "strategies": {n: [list(d) for d in s] for n, s in res.strategies.items()},
     }
 
 
-def joint_fields(run: RunInput, rec: dict) -> None:
-    """A joint run (:func:`solver.joint.plan_joint` in the run's space) and the joint
-    simulator's period of its plan: the model's size and weights, the plan's status,
-    objective, bounds, latency and stages, the plan's JSON under ``_plan``. A space where no
-    plan fits the memory limit raises (an ERROR record with the reason)."""
-    desc, cluster = run.desc, run.cluster
-    if isinstance(cluster, dict):
-        cl = cluster_from_dict(cluster, "inline cluster")
-    else:  # "file": an ONNX model states no cluster, so the default preset
-        cl = load_cluster(None if cluster == "file" else cluster)
-    sm = load_model(run.graph, run.gs.dims)
-    weights = sum(tensor_bytes(sm, t) for t in sm.consts)
-    rec.update(nodes=len(sm.ops), k=cl.devices, cluster_name=cl.name, weight_bytes=weights)
-    plan = plan_joint(
-        sm,
-        cl,
-        memory=desc["memory_bytes"],
-        time_limit=desc["time_limit"],
-        dims=run.gs.dims,
-        space=desc["space"],
-        workers=run.workers,
-    )
+def joint_fields(run: RunInput, request: Request, plan, rec: dict) -> None:
+    """A joint plan: its gap, the space its bound covers, the universal bound, latency and
+    stages, its JSON under ``_plan``, and the period the joint simulator measures."""
     obj = plan.objective
     rec.update(
-        status=plan.status,
-        objective=obj,
-        lower_bound=plan.lower_bound,
         gap=plan.gap,
         bound_space=plan.bound_space,
         universal_bound=plan.universal_bound,
@@ -193,11 +219,15 @@ def joint_fields(run: RunInput, rec: dict) -> None:
         ],
     )
     rec["_plan"] = plan.to_dict()
-    sim = simulate_joint(plan, sm, requests=desc.get("requests", 20), keep_timeline=0)
+    requests = run.desc.get("requests", 20)
+    sim = simulate_joint(plan, request.model, requests=requests, keep_timeline=0)
     period = sim.sim.period
     rec.update(sim_period=period, sim_valid=sim.valid)
     rec["sim_disagrees"] = bool(abs(period - obj) > AGREE * max(abs(obj), 1e-300))
 
 
-# the fields of each kind of run ("kind" of its description; pipeline runs have none)
-RECORD_FIELDS = {"pipeline": pipeline_fields, "shard": shard_fields, "joint": joint_fields}
+# by the "kind" of a run's description (pipeline runs have none): its request, the kind of
+# plan solver.api.solve makes, and the result's own fields
+REQUESTS = {"pipeline": pipeline_request, "shard": shard_request, "joint": joint_request}
+API_KIND = {"pipeline": api.PIPELINE, "shard": api.SPMD, "joint": api.JOINT}
+RESULT_FIELDS = {"pipeline": pipeline_fields, "shard": shard_fields, "joint": joint_fields}
