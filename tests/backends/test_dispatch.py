@@ -12,15 +12,17 @@ import onnx
 import pytest
 
 from solver.backends import dispatch
+from solver.backends.schedule import simulate_training_plan
 from solver.backends.simulate import simulate
 from solver.backends.simulate_joint import simulate_joint
 from solver.core.cluster import load_cluster
 from solver.core.cost import evaluate
 from solver.core.errors import MtppError
+from solver.core.training import TrainingSpec, training_cost
 from solver.frontends import load_graph
 from solver.frontends.onnx.modelgen import transformer
 from solver.joint.stages import stage_programs
-from solver.pipeline.registry import solve
+from solver.pipeline.registry import certified_bound, solve
 from solver.spmd.mesh import mesh_on
 from solver.spmd.model import load_model
 from solver.spmd.program import Planner
@@ -160,3 +162,57 @@ def test_evaluate_finds_a_joint_stage_over_the_memory_limit(joint):
     assert [v.split(":")[0] for v in ev.violations] == ["stage 0", "stage 1"]
     assert all(re.search(r"\d+ bytes per device exceed the limit 1$", v) for v in ev.violations)
     assert not ev.valid and np.isfinite(ev.objective)
+
+
+# ---------------------------------------------------------------------- evaluate's status
+def test_pipeline_evaluation_recomputes_the_bound_and_checks_the_claim(pipeline):
+    p = pipeline
+    ev = dispatch.evaluate(p)  # no file content: nothing claimed
+    bound = certified_bound(p.graph, p.cluster, 10.0).value
+    assert ev.plan.lower_bound == pytest.approx(min(bound, ev.objective), rel=1e-12)
+    assert ev.claim["claim"] == "none (the file states no status or bound)"
+    assert ev.plan.status == ("OPTIMAL" if bound >= ev.objective * (1 - 1e-6) else "FEASIBLE")
+    too_high = {"status": "FEASIBLE", "lower_bound": ev.objective * 2, "objective": ev.objective}
+    claimed = dispatch.PipelinePlan(p.graph, p.cluster, p.assignment, data=too_high)
+    refused = dispatch.evaluate(dispatch.PipelinePlan(**{**vars(claimed), "claims_apply": True}))
+    assert refused.claim_refused and refused.claim["claim"].startswith("invalid: ")
+    elsewhere = dispatch.evaluate(claimed)  # made for another cluster: not checked
+    assert not elsewhere.claim_refused
+    assert elsewhere.claim["claim"].startswith("not applicable: evaluated on another cluster")
+
+
+def test_an_invalid_joint_plan_is_invalid_and_its_file_status_kept_as_claimed(joint):
+    limit, status = joint.plan.memory_limit, joint.plan.status
+    try:
+        joint.plan.memory_limit = 1.0
+        ev = dispatch.evaluate(joint)
+    finally:
+        joint.plan.memory_limit = limit
+    assert ev.plan.status == "INVALID" and joint.plan.status == status  # the plan read is kept
+    assert ev.claim == {"claimed_status": status, "used": False}
+    assert dispatch.evaluate(joint).claim == {"claimed_status": status, "used": True}
+
+
+# ---------------------------------------------------------------------- training plans
+def test_a_training_plan_is_priced_and_simulated_under_its_schedule(pipeline):
+    p, spec = pipeline, TrainingSpec("gpipe", 4)
+    plan = dispatch.PipelinePlan(p.graph, p.cluster, p.assignment, training=spec)
+    cost = training_cost(p.graph, p.cluster, p.assignment, spec)
+    ev = dispatch.evaluate(plan)
+    assert ev.objective == cost.iteration_time == ev.plan.objective
+    assert ev.valid == cost.valid and ev.plan.training.spec == spec
+    got = dispatch.simulate(plan)
+    want = simulate_training_plan(p.graph, p.cluster, p.assignment, spec)
+    assert got.kind == "pipeline" and got.sim is None
+    assert got.detail.to_dict() == want.to_dict() and got.valid == want.valid
+
+
+@pytest.mark.parametrize(
+    "option, value", [("requests", 7), ("mode", "sequential"), ("overlap", True)]
+)
+def test_a_training_plan_refuses_the_request_simulation_options(pipeline, option, value):
+    p = pipeline
+    plan = dispatch.PipelinePlan(p.graph, p.cluster, p.assignment, training=TrainingSpec())
+    with pytest.raises(MtppError) as e:
+        dispatch.simulate(plan, dispatch.SimulateOptions(**{option: value}))
+    assert str(e.value) == f"--{option} does not apply to a training plan; drop it"
