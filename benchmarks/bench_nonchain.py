@@ -9,7 +9,9 @@ the model needs the dynamo one; built once into ``--out-dir``, never committed) 
 onnxscript and diffusers; a model it cannot build is skipped with the builder's message.
 Then runs ``mtpp solve MODEL -k K --time-limit T --json`` for every k, one at a time, and
 prints one Markdown row per case: status, objective, bound, binding bound, gap, wall seconds,
-with the 1-minute load average before each case (the machine may be shared: say how loaded).
+with the 1-minute load average before each case (the machine may be shared: say how loaded),
+and, when the gap is open, the heaviest structure the bounds could not price (the first entry
+of ``stats.bound.certified.unpriced``).
 ``--spine-seconds S`` adds a column: the spine bound (docs/bounds.md) computed alone in this
 process with S seconds and the plan's cost as its target, from no other bound: what the
 relaxation proves when the solve's share of the bound time is too short on a loaded machine.
@@ -117,6 +119,9 @@ def row(name: str, k: int, r: dict, spine: str | None = None) -> str:
         f"{r['wall']:.1f}",
         f"{r['load']:.1f}",
     ]
+    certified = bound.get("certified") if isinstance(bound, dict) else None
+    unpriced = (certified or {}).get("unpriced") or []
+    cells.append(unpriced[0] if unpriced and r.get("status") != "OPTIMAL" else "-")
     if spine is not None:
         cells.append(spine)
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -140,6 +145,7 @@ def main() -> int:
         return 2
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
     cols = ["model", "k", "status", "objective", "bound", "binding", "gap", "wall s", "load"]
+    cols += ["not priced (heaviest)"]
     cols += ["spine alone"] if args.spine_seconds > 0 else []
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
