@@ -60,6 +60,7 @@ from solver.pipeline.placement import best_placement, device_classes
 
 BOUND_SAFETY = 1e-12  # relative: the bound is reported this much low (float division)
 NOT_SOLVED = "NOT_SOLVED"
+HINT_SLACK = 2  # integer units: a real stage time rounded up, plus one for float error
 
 
 @dataclass(frozen=True)
@@ -200,12 +201,15 @@ class _TrainingModel(_Model):
         self.hint_int = self.ub_int = self.obj_cap = None
         U = self.upper_T
         if math.isfinite(U):
-            self.obj_cap = math.floor(self.S * self.w.divisor * U * (1 + 1e-12))
+            # the caps are relaxed by HINT_SLACK units per stage time: still every plan with
+            # T <= upper, and room for the hint's stage times rounded up (placed models)
+            spare = HINT_SLACK * (self.w.A * self.k + self.w.B)
+            self.obj_cap = math.floor(self.S * self.w.divisor * U * (1 + 1e-12)) + spare
             if self.w.B > 0:
                 a, b = self.spec.time_weights
                 w2 = float(self.g.work.sum() + self.g.backward_work.sum()) / float(self.speed.max())
                 longest = max(0.0, (U - a * w2) / b) + 1e-9 * U / b
-                self.ub_int = math.floor(self.S * longest)
+                self.ub_int = math.floor(self.S * longest) + HINT_SLACK
         self._set_windows(self.ub_int)
 
     def _order_used(self) -> None:
@@ -342,21 +346,32 @@ class _TrainingModel(_Model):
 
     # ------------------------------------------------------------------ hint
     def _hint_objective(self, a: np.ndarray) -> None:
-        """Stage times and Tmax of plan ``a`` (homogeneous; placed: CP-SAT completes them),
+        """Stage times and Tmax of plan ``a`` (homogeneous; placed: hint_stage_times),
         and its number of stages."""
         if hasattr(self, "is_p"):
             p = len(np.unique(a))
             for r, var in enumerate(self.is_p):
                 self.m.AddHint(var, int(r == p))
         if self.placed:
-            return
+            return  # hint_stage_times, once the placement is known
         t = self.block_costs_int(a) + self.block_io_int(a)
         t = t + np.bincount(a, weights=self.wb_int, minlength=self.k).astype(np.int64)
+        self._hint_times(t)
+
+    def _hint_times(self, t: np.ndarray) -> None:
         for b in range(self.k):
             self.m.AddHint(self.t[b], int(t[b]))
         self.m.AddHint(self.T, int(t.max()))
         value = self.w.A * int(t.sum()) + self.w.B * int(t.max())
         self.m.AddHint(self.obj, max(value, self.obj_low))
+
+    def hint_stage_times(self, cost: TrainingCost) -> None:
+        """Placed models: the hint's stage times (seconds, on its placement) rounded up,
+        one unit more for float error; they are at least the rounded-down terms."""
+        t = np.zeros(self.k, dtype=np.int64)
+        for s in cost.stages:
+            t[s.block] = math.ceil(s.time * self.S) + HINT_SLACK - 1
+        self._hint_times(t)
 
 
 # ---------------------------------------------------------------------- the solve
@@ -417,6 +432,7 @@ def _build(cg, cluster, spec, upper, warm: _Pick | None, labels, deadline) -> _T
         model.add_hint(coarse)
         if model.placed:
             model.add_placement_hint(coarse, warm.devices)
+            model.hint_stage_times(warm.cost)
     return model
 
 
