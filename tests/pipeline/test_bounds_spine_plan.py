@@ -15,6 +15,8 @@ from solver.core.graph import Graph, coarse_view
 from solver.pipeline.bounds.spine import heaviest_path, kept_nodes, spine_spans
 from solver.pipeline.bounds.spine_plan import pinned_labels, spine_plan
 from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.options import Incumbent
+from solver.pipeline.registry import with_spine_plan
 from tests.conftest import problems, scaled_examples
 from tests.pipeline.test_bounds_nonchain import _hand_encoder_decoder, encoder_decoders
 
@@ -91,3 +93,14 @@ def test_spine_plan_leaves_clusters_that_differ_and_a_single_block():
     g, c = _hand_encoder_decoder()
     assert spine_plan(g, c, 1, 5.0) is None
     assert spine_plan(g, c.with_devices(3), 3, 0.0) is None  # no time: nothing tried
+
+
+def test_cpsat_starts_from_the_spine_plan_when_it_beats_the_warm_start():
+    g, c = _hand_encoder_decoder()
+    worse = Incumbent(12.0, np.zeros(g.n, dtype=np.int64), 0.5)
+    inc = with_spine_plan(g, c, 3, worse, 5.0)
+    assert inc.objective == pytest.approx(9.0) and inc.seconds >= 0.5
+    assert evaluate(g, c, inc.assignment, 3).objective == pytest.approx(9.0)
+    kept = with_spine_plan(g, c, 3, inc, 5.0)  # nothing better than 9: the same plan
+    assert kept.objective == inc.objective and kept.assignment is inc.assignment
+    assert kept.seconds >= inc.seconds
