@@ -12,6 +12,7 @@ cluster by its content), k, the method and its options, time limit, seed and rep
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import sys
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from solver.core.cluster import PRESET_DIR, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import read_yaml
+from solver.core.training import TrainingSpec
 from solver.core.units import parse_memory
 from solver.experiments import benchdata
 from solver.frontends.onnx.modelgen import BUILDERS, check_params
@@ -151,6 +153,53 @@ def joint_label(space: str) -> str:
     return f"space-{space}"
 
 
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]  # solver.core.training.SCHEDULES
+
+
+class TrainingSweep(_Strict):
+    """Training plans (docs/training.md) of the config's graphs: schedules x microbatches x
+    virtual stages x optimizer-state factors x memory limits x methods. Virtual stages other
+    than 1 apply to the interleaved schedule only (the other schedules run with 1). A memory
+    limit of null is the cluster's capacity. Each run solves with its pipeline method under
+    the schedule and prices the practitioners' splits (uniform, fewer-at-ends, by-parameters)
+    beside it; their labels are ``train-<method>``."""
+
+    schedules: list[ScheduleName] = Field(default=["1f1b"], min_length=1)
+    microbatches: list[Count] = Field(default=[8], min_length=1)
+    virtual_stages: list[Count] = [1]
+    optimizer_state: list[Annotated[float, Field(strict=False, gt=0, allow_inf_nan=False)]] = [4.0]
+    memory: list[Annotated[str, Field(min_length=1)] | int | float | None] = [None]
+    methods: list[str | MethodSpec] = Field(default=["cpsat"], min_length=1)
+
+    def method_specs(self) -> list[MethodSpec]:
+        """The pipeline methods of the sweep, labelled ``train-<name>`` unless given a label."""
+        specs = [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
+        return [m.model_copy(update={"label": m.label or training_label(m.name)}) for m in specs]
+
+    def settings(self) -> list[dict]:
+        """Every (schedule, microbatches, virtual stages, optimizer state) of the sweep."""
+        out = []
+        for schedule in self.schedules:
+            chunks = self.virtual_stages if schedule == "interleaved" else [1]
+            for v in dict.fromkeys(chunks):
+                for m in self.microbatches:
+                    for state in self.optimizer_state:
+                        out.append(
+                            {
+                                "schedule": schedule,
+                                "microbatches": m,
+                                "virtual_stages": v,
+                                "optimizer_state": float(state),
+                            }
+                        )
+        return out
+
+
+def training_label(method: str) -> str:
+    """The method label of a training run of pipeline method ``method``."""
+    return f"train-{method}"
+
+
 class ExperimentConfig(_Strict):
     name: str = "experiment"
     graphs: list[GraphSpec] = Field(min_length=1)
@@ -159,6 +208,7 @@ class ExperimentConfig(_Strict):
     methods: list[str | MethodSpec] = []  # pipeline partitioning methods
     shard: ShardSpec | None = None  # operator-level sharding runs (solver.spmd)
     joint: JointSpec | None = None  # pipeline vs sharding vs joint plans (solver.joint)
+    training: TrainingSweep | None = None  # training plans and the practitioners' splits
     time_limit: Seconds = 60.0
     seeds: list[Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]] = [0]
     repeats: Count = 1
@@ -168,9 +218,10 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _some_methods(self):
-        if not self.methods and self.shard is None and self.joint is None:
+        if not self.methods and self.shard is None and self.joint is None and not self.training:
             raise ValueError(
-                "give 'methods' (pipeline partitioning), 'shard' or 'joint' (or several)"
+                "give 'methods' (pipeline partitioning), 'shard', 'joint' or 'training' (or "
+                "several)"
             )
         return self
 
@@ -179,10 +230,12 @@ class ExperimentConfig(_Strict):
         return [MethodSpec(name=m) if isinstance(m, str) else m for m in self.methods]
 
     def method_specs(self) -> list[MethodSpec]:
-        """Every method by its label: the pipeline ones, the sharding ones, the joint spaces."""
+        """Every method by its label: the pipeline ones, the sharding ones, the joint spaces,
+        the training ones."""
         shard = [m.as_method() for m in self.shard.method_specs()] if self.shard else []
         joint = self.joint.method_specs() if self.joint else []
-        return self.pipeline_specs() + shard + joint
+        training = self.training.method_specs() if self.training else []
+        return self.pipeline_specs() + shard + joint + training
 
     def size(self) -> int:
         """How many runs the cross product has (sharding runs: every graph counted)."""
@@ -200,6 +253,10 @@ class ExperimentConfig(_Strict):
             pipeline += per_graph * len(sh.meshes) * len(sh.memory) * len(sh.methods)
         if self.joint is not None:
             pipeline += per_graph * len(self.joint.memory) * len(self.joint.spaces)
+        if self.training is not None:
+            tr = self.training
+            per_setting = len(self.devices) * len(tr.memory) * len(tr.methods)
+            pipeline += per_graph * per_setting * len(tr.settings())
         return pipeline
 
 
@@ -288,6 +345,8 @@ def load_config(path: str | Path) -> tuple[ExperimentConfig, Path]:
         check_shard(cfg, base, bench, path)
     if cfg.joint is not None:
         check_joint(cfg, path)
+    if cfg.training is not None:
+        check_training(cfg, path)
     return cfg, base
 
 
@@ -366,6 +425,37 @@ def check_joint(cfg: ExperimentConfig, path: Path) -> None:
     try:
         _duplicates([_memory_bytes(m) for m in js.memory], "joint.memory")
         _duplicates(list(js.spaces), "joint.spaces")
+        _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
+    except MtppError as e:
+        raise MtppError(f"{path}: {e}") from None
+
+
+def check_training(cfg: ExperimentConfig, path: Path) -> None:
+    """The ``training:`` key: every setting a valid schedule, memory sizes and methods known,
+    nothing listed twice."""
+    tr = cfg.training
+    for setting in tr.settings():
+        try:
+            TrainingSpec(**setting)
+        except MtppError as e:
+            raise MtppError(f"{path}: key 'training': {e}") from None
+    for i, m in enumerate(tr.memory):
+        if m is not None:
+            parse_memory(m, f"{path}: key 'training.memory.{i}'")
+    for i, m in enumerate(tr.method_specs()):
+        if m.name not in METHODS:
+            raise MtppError(
+                f"{path}: key 'training.methods.{i}': unknown method {m.name!r}; choose one of "
+                f"{', '.join(METHODS)}"
+            )
+        try:
+            check_method_options(m.name, m.options)
+        except MtppError as e:
+            raise MtppError(f"{path}: key 'training.methods.{i}.options': {e}") from None
+    try:
+        for key in ("schedules", "microbatches", "virtual_stages", "optimizer_state"):
+            _duplicates(list(getattr(tr, key)), f"training.{key}")
+        _duplicates([_memory_bytes(m) for m in tr.memory], "training.memory")
         _duplicates([m.label or m.name for m in cfg.method_specs()], "methods")
     except MtppError as e:
         raise MtppError(f"{path}: {e}") from None
@@ -570,6 +660,8 @@ def expand(cfg: ExperimentConfig, base: Path) -> list[dict]:
         runs += _expand_shard(cfg, base, graphs, labels, clusters)
     if cfg.joint is not None:
         runs += _expand_joint(cfg, graphs, labels, clusters)
+    if cfg.training is not None:
+        runs += _expand_training(cfg, graphs, labels, clusters)
     return runs
 
 
@@ -689,4 +781,48 @@ def _expand_joint(cfg, graphs: list, labels: list, clusters: list) -> list[dict]
                                 "repeat": 0,
                             }
                         )
+    return runs
+
+
+def _expand_training(cfg, graphs: list, labels: list, clusters: list) -> list[dict]:
+    """The training runs: graphs x clusters x devices x settings x memory limits x methods x
+    seeds."""
+    tr = cfg.training
+    runs = []
+    for gi, (label, g_ident) in enumerate(graphs):
+        if labels.count(label) > 1:
+            label = f"{label}#{gi}"
+        for ci, (c_name, c_ident) in enumerate(clusters):
+            for k, setting, mem, ms, seed in itertools.product(
+                cfg.devices, tr.settings(), tr.memory, tr.method_specs(), cfg.seeds
+            ):
+                tl = ms.time_limit or cfg.time_limit
+                mem_bytes = _memory_bytes(mem)
+                ident = {
+                    "kind": "training",
+                    "graph": g_ident,
+                    "cluster": c_ident,
+                    "devices": k,
+                    **setting,
+                    "memory": mem_bytes,
+                    "method": ms.name,
+                    "options": ms.options,
+                    "time_limit": tl,
+                    "seed": seed,
+                }
+                runs.append(
+                    {
+                        **_run_header("training", ident, label, g_ident, gi, ci, c_name, c_ident),
+                        "devices": k,
+                        **setting,
+                        "memory": None if mem is None else str(mem),
+                        "memory_bytes": mem_bytes,
+                        "method": ms.label,
+                        "method_name": ms.name,
+                        "options": ms.options,
+                        "time_limit": tl,
+                        "seed": seed,
+                        "repeat": 0,
+                    }
+                )
     return runs

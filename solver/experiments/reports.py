@@ -10,6 +10,10 @@ Joint runs (pipeline vs sharding vs joint plans) get their own table and plot
 (joint_vs_spaces.png): each space's bound holds over that space only, so no joint record proves
 an optimum; the bound valid for every joint plan (``universal_bound``) is the instance's bound.
 
+Training runs (the ``training:`` key) get a table of each practitioners' split's ratio to the
+certified optimum of its instance (graph, cluster, k, schedule, microbatches, virtual stages,
+state factor, memory limit) and a plot of it against the microbatches (training_splits.png).
+
 One path for every kind of run: each record carries the result contract (status, objective,
 lower bound), and :data:`RECORD_KINDS` says, per kind (the ``kind`` of the run's description),
 what names its instance, which of its bound and status hold over the whole instance, whether a
@@ -52,7 +56,7 @@ class RecordKind:
 
 
 def record_kind(r: dict) -> str:
-    """The kind of a run's record: pipeline (no ``kind``), shard or joint."""
+    """The kind of a run's record: pipeline (no ``kind``), shard, joint or training."""
     return r.get("kind") or "pipeline"
 
 
@@ -88,7 +92,8 @@ def _joint_scope(r: dict) -> Scope:
 # ---------------------------------------------------------------------- exact optima
 def _instance(r: dict) -> tuple:
     """The instance of a record: pipeline (graph, cluster, k); shard (model, cluster, mesh,
-    memory limit); joint (model, cluster with all its devices, memory limit)."""
+    memory limit); joint (model, cluster with all its devices, memory limit); training (graph,
+    cluster, k, schedule, microbatches, virtual stages, state factor, memory limit)."""
     kind = record_kind(r)
     return (kind, *(r.get(name) for name in RECORD_KINDS[kind].instance))
 
@@ -202,6 +207,9 @@ def enrich(records: list[dict]) -> list[dict]:
     return out
 
 
+SPLITS = ("uniform", "fewer-at-ends", "by-parameters")  # solver.pipeline.training.splits.SPLITS
+TRAINING_SETTING = ("schedule", "microbatches", "virtual_stages", "optimizer_state")
+
 CSV_COLUMNS = [
     "graph",
     "nodes",
@@ -228,6 +236,7 @@ CSV_COLUMNS = [
     "universal_bound",
     "sim_period",
     "sim_disagrees",
+    *TRAINING_SETTING,
 ]
 
 
@@ -704,6 +713,146 @@ def plot_results(rows: list[dict], out: Path) -> None:
     _save_figure(fig, out / "time_vs_size.png")
 
 
+def is_training(r: dict) -> bool:
+    """A record of a training-plan run (the experiment's ``training:`` key)."""
+    return record_kind(r) == "training"
+
+
+@dataclass(frozen=True)
+class SplitRatio:
+    """A practitioners' split's T over the certified optimum: exact (``low == high``) when
+    the optimum is proven, else the interval [T / best plan, T / best bound] the optimum's
+    position allows (``high`` None without a bound); ``fits`` False when the split breaks the
+    memory."""
+
+    low: float | None
+    high: float | None
+    fits: bool
+
+    def text(self) -> str:
+        if not self.fits:
+            return "does not fit"
+        if self.low is None:
+            return "-"
+        if self.high is None:
+            return f">= {self.low:.3f}"
+        if self.high <= self.low * (1 + 1e-9):
+            return f"{self.low:.3f}"
+        return f"{self.low:.3f}-{self.high:.3f}"
+
+
+def split_ratio(row: dict, name: str) -> SplitRatio | None:
+    """The ratio of split ``name`` in a row of :func:`training_instances` (None: no such
+    split)."""
+    split = (row.get("splits") or {}).get(name)
+    if split is None:
+        return None
+    t = split["iteration_time"]
+    if t is None:
+        return SplitRatio(None, None, fits=False)
+    exact = row.get("exact_optimum")
+    if exact:
+        return SplitRatio(t / exact, t / exact, fits=True)
+    best = (row.get("_best") or {}).get("objective")
+    bound = row.get("best_bound")
+    return SplitRatio(
+        t / best if best else None, t / bound if bound and bound > 0 else None, fits=True
+    )
+
+
+def training_markdown(rows: list[dict]) -> str:
+    """The training table: per instance (graph, cluster, k, schedule, microbatches, virtual
+    stages, state factor, memory) the best plan's T, its status and the certified optimum,
+    and each practitioners' split's ratio to the optimum."""
+    lines = [
+        "## Training plans: the practitioners' splits against the certified optimum",
+        "",
+        "Iteration time T of the best plan found (its method and status), the optimum when a "
+        "proof gives it, and the ratio of each practitioners' split (docs/training.md: "
+        "uniform layers, fewer layers at the ends, DeepSpeed's by-parameters) to it. Without "
+        "a proven optimum the ratio lies between T(split) / best T and T(split) / best bound; "
+        "both ends are shown. 'does not fit': the split breaks the memory.",
+        "",
+        "| graph | cluster | k | schedule | m | v | state | memory | best T (method, status) "
+        "| optimum | " + " | ".join(SPLITS) + " |",
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(SPLITS),
+    ]
+    for row in training_instances(rows):
+        best = row.get("_best")
+        best_text = (
+            "no plan"
+            if best is None
+            else f"{best['objective']:.6g} s ({best['method']}, {best['status']})"
+        )
+        exact = row.get("exact_optimum")
+        ratios = [split_ratio(row, s) for s in SPLITS]
+        lines.append(
+            f"| {row['graph']} | {row.get('cluster')} | {row.get('k')} | {row['schedule']} "
+            f"| {row['microbatches']} | {row['virtual_stages']} | {row['optimizer_state']:g} "
+            f"| {row.get('memory') or 'capacity'} | {best_text} "
+            f"| {'-' if exact is None else f'{exact:.6g} s'} | "
+            + " | ".join("-" if x is None else x.text() for x in ratios)
+            + " |"
+        )
+    lines += _conflict_lines(rows, lambda r: f"{r['graph']}, {r['schedule']} m={r['microbatches']}")
+    return "\n".join(lines) + "\n"
+
+
+def training_instances(rows: list[dict]) -> list[dict]:
+    """One enriched row per training instance, in the order of the runs: the record of its
+    best plan (or its first record), with ``_best`` that record (None: no plan)."""
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault(_instance(r), []).append(r)
+    out = []
+    for recs in by.values():
+        feas = [r for r in recs if _feasible(r)]
+        best = min(feas, key=lambda r: r["objective"], default=None)
+        out.append(dict(best or recs[0], _best=best))
+    return out
+
+
+def plot_training(rows: list[dict], out: Path) -> None:
+    """training_splits.png: each split's ratio to the optimum against the microbatches, one
+    panel per schedule and memory limit (an interval drawn as an error bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    insts = training_instances(rows)
+    panels = sorted({(r["schedule"], r.get("memory") or "") for r in insts})
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
+    for ax, (schedule, memory) in zip(axes[0], panels, strict=False):
+        mine = [r for r in insts if (r["schedule"], r.get("memory") or "") == (schedule, memory)]
+        for name in SPLITS:
+            pts = sorted(
+                (r["microbatches"], x.low, x.high if x.high is not None else x.low)
+                for r in mine
+                if (x := split_ratio(r, name)) is not None and x.fits and x.low is not None
+            )
+            if pts:
+                xs, lows, highs = zip(*pts, strict=True)
+                ax.errorbar(
+                    xs,
+                    lows,
+                    yerr=[[0] * len(lows), [h - lo for lo, h in zip(lows, highs, strict=True)]],
+                    fmt="o-",
+                    capsize=3,
+                    markersize=4,
+                    label=name,
+                )
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("microbatches m")
+        ax.set_ylabel("T(split) / optimum")
+        ax.set_title(f"{schedule}, memory {memory or 'capacity'}", fontsize=9)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+    _save_figure(fig, out / "training_splits.png")
+
+
 # the kinds of records, in the order of their sections in summary.md
 RECORD_KINDS = {
     "pipeline": RecordKind(("graph_key", "cluster_key", "k"), _whole_scope, True),
@@ -716,5 +865,12 @@ RECORD_KINDS = {
         False,
         joint_markdown,
         plot_joint,
+    ),
+    "training": RecordKind(
+        ("graph_key", "cluster_key", "k", *TRAINING_SETTING, "memory_bytes"),
+        _whole_scope,
+        True,
+        training_markdown,
+        plot_training,
     ),
 }

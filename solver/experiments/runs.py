@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from solver import api
@@ -21,7 +21,9 @@ from solver.backends.simulate_joint import AGREE, simulate_joint
 from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import write_json_atomic
+from solver.core.graph import Graph
 from solver.core.result import ERROR, INFEASIBLE
+from solver.core.training import TrainingSpec
 from solver.experiments.config import GraphSpec, digest, graph_identity, graph_source
 from solver.frontends import load_graph, resolve_cluster
 from solver.frontends.native import to_dict
@@ -29,6 +31,7 @@ from solver.frontends.onnx.modelgen import BUILDERS, save
 from solver.frontends.workloads import layered_dag
 from solver.joint.segment import tensor_bytes
 from solver.pipeline.options import SolveOptions
+from solver.pipeline.training.splits import practitioner_splits
 from solver.spmd.model import ShardModel, load_model
 
 
@@ -82,11 +85,12 @@ def solve_run(desc: dict, gs_data: dict, graph: str, cluster, workers: int) -> d
     either backend) and writes nothing.
 
     One path for every kind of run: the run's request (:data:`REQUESTS`, by the ``kind`` of
-    its description: pipeline, shard or joint) is solved by :func:`solver.api.solve`, and the
-    record is the run's description, what was known before the solve (graph size, cluster),
-    the result's status, objective and bound (the :class:`solver.core.result.Result`
-    contract) and the fields of its kind (:data:`RESULT_FIELDS`). A run that fails is an ERROR
-    record with the reason (and the fields filled before)."""
+    its description: pipeline, shard, joint or training) is solved by
+    :func:`solver.api.solve`, and the record is the run's description, what was known before
+    the solve (graph size, cluster), the result's status, objective and bound (the
+    :class:`solver.core.result.Result` contract) and the fields of its kind
+    (:data:`RESULT_FIELDS`). A run that fails is an ERROR record with the reason (and the
+    fields filled before)."""
     run = RunInput(desc, GraphSpec.model_validate(gs_data), graph, cluster, workers)
     kind = desc.get("kind") or "pipeline"
     t0 = time.perf_counter()
@@ -136,20 +140,68 @@ def _model_cluster(run: RunInput, devices: int | None) -> Cluster:
 def pipeline_request(run: RunInput) -> Request:
     """A pipeline partitioning run: the cost graph (an ONNX model with the run's dims and work
     model) on the run's cluster."""
+    g, cl = _graph_and_cluster(run)
+    facts = {"nodes": g.n, "k": cl.devices, "cluster_name": cl.name}
+    problem = api.Problem(graph=g, cluster=cl)
+    return Request(
+        problem, run.desc["method_name"], _options(run, dict(run.desc["options"])), facts
+    )
+
+
+def _graph_and_cluster(run: RunInput, training_costs: bool = False) -> tuple[Graph, Cluster]:
+    """The run's cost graph (an ONNX model with its dims and work model, and with
+    ``training_costs`` its operators' backward work and stash) and its cluster."""
     desc, cluster = run.desc, run.cluster
     path = Path(run.graph)
     ref = cluster if isinstance(cluster, str) and cluster != "file" else None
     kw = {}
     if path.suffix == ".onnx":
         kw = {"dims": run.gs.dims, "work": run.gs.work, "cluster": ref}
+        kw["training_costs"] = training_costs
     g = load_graph(path, **kw)
     if isinstance(cluster, dict):
         cl = cluster_from_dict(cluster, "inline cluster").with_devices(desc["devices"])
     else:  # "file": what the graph file states, else the default preset
         cl = resolve_cluster(g, ref, desc["devices"])
+    return g, cl
+
+
+def training_request(run: RunInput) -> Request:
+    """A training run (docs/training.md): the pipeline method under the run's schedule on the
+    cost graph with its backward costs, the cluster's capacity replaced by the run's memory
+    limit when it has one. The practitioners' splits are priced on the same problem first
+    (``splits`` of the record: each one's T, None when it breaks the memory, and its layers
+    per stage; None when the graph has no layers to split)."""
+    desc = run.desc
+    spec = TrainingSpec(
+        schedule=desc["schedule"],
+        microbatches=desc["microbatches"],
+        virtual_stages=desc["virtual_stages"],
+        optimizer_state=desc["optimizer_state"],
+    )
+    g, cl = _graph_and_cluster(run, training_costs=True)
+    if desc.get("memory_bytes") is not None:
+        cl = cl.with_memory(desc["memory_bytes"])
     facts = {"nodes": g.n, "k": cl.devices, "cluster_name": cl.name}
-    problem = api.Problem(graph=g, cluster=cl)
-    return Request(problem, desc["method_name"], _options(run, dict(desc["options"])), facts)
+    facts["splits"] = _split_costs(g, cl, spec)
+    options = _options(run, dict(desc["options"]))
+    options = replace(options, training=spec)
+    return Request(api.Problem(graph=g, cluster=cl), desc["method_name"], options, facts)
+
+
+def _split_costs(g: Graph, cluster: Cluster, spec: TrainingSpec) -> dict | None:
+    """Each practitioners' split of ``g`` priced under ``spec`` (see training_request)."""
+    try:
+        splits = practitioner_splits(g, cluster, cluster.devices, spec)
+    except MtppError:  # no layers: no module numbers and too many nodes for separators
+        return None
+    return {
+        s.name: {
+            "iteration_time": s.cost.iteration_time if s.cost.valid else None,
+            "layers_per_stage": list(s.layers_per_stage),
+        }
+        for s in splits
+    }
 
 
 def shard_request(run: RunInput) -> Request:
@@ -228,6 +280,21 @@ def joint_fields(run: RunInput, request: Request, plan, rec: dict) -> None:
 
 # by the "kind" of a run's description (pipeline runs have none): its request, the kind of
 # plan solver.api.solve makes, and the result's own fields
-REQUESTS = {"pipeline": pipeline_request, "shard": shard_request, "joint": joint_request}
-API_KIND = {"pipeline": api.PIPELINE, "shard": api.SPMD, "joint": api.JOINT}
-RESULT_FIELDS = {"pipeline": pipeline_fields, "shard": shard_fields, "joint": joint_fields}
+REQUESTS = {
+    "pipeline": pipeline_request,
+    "shard": shard_request,
+    "joint": joint_request,
+    "training": training_request,
+}
+API_KIND = {
+    "pipeline": api.PIPELINE,
+    "shard": api.SPMD,
+    "joint": api.JOINT,
+    "training": api.PIPELINE,
+}
+RESULT_FIELDS = {
+    "pipeline": pipeline_fields,
+    "shard": shard_fields,
+    "joint": joint_fields,
+    "training": pipeline_fields,
+}
