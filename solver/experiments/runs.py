@@ -118,7 +118,7 @@ class Request:
     problem: api.Problem
     method: str  # the method's name in solver.api (a joint run's method is "joint")
     options: SolveOptions
-    facts: dict  # nodes, k, cluster_name (joint: weight_bytes too)
+    facts: dict  # k, cluster_name; nodes (pipeline, joint); weight_bytes (joint)
     model: ShardModel | None = None  # the ONNX model as the SPMD planner reads it (shard, joint)
 
 
@@ -210,11 +210,10 @@ def shard_request(run: RunInput) -> Request:
     (an ERROR record with the reason)."""
     desc = run.desc
     cl = _model_cluster(run, desc["devices"])
-    sm = load_model(run.graph, run.gs.dims)
-    facts = {"nodes": len(sm.ops), "k": cl.devices, "cluster_name": cl.name}
-    problem = _model_problem(run, sm, cl)
+    facts = {"k": cl.devices, "cluster_name": cl.name}  # the operators: once it is loaded
+    problem = _model_problem(run, None, cl)  # the planner reads the model (and names its file)
     extra = {"mesh": tuple(desc["mesh_shape"]), "config": desc["options"].get("config")}
-    return Request(problem, desc["method_name"], _options(run, extra), facts, sm)
+    return Request(problem, desc["method_name"], _options(run, extra), facts)
 
 
 def joint_request(run: RunInput) -> Request:
@@ -230,7 +229,7 @@ def joint_request(run: RunInput) -> Request:
     return Request(problem, api.JOINT, options, facts, sm)
 
 
-def _model_problem(run: RunInput, sm: ShardModel, cl: Cluster) -> api.Problem:
+def _model_problem(run: RunInput, sm: ShardModel | None, cl: Cluster) -> api.Problem:
     return api.Problem(
         graph_path=run.graph,
         model=sm,
@@ -246,7 +245,9 @@ def pipeline_fields(run: RunInput, request: Request, plan, rec: dict) -> None:
 
 
 def shard_fields(run: RunInput, request: Request, res, rec: dict) -> None:
-    """A sharding plan: the memory per device, the strategies under ``_plan``."""
+    """A sharding plan: the model's operators, the memory per device, the strategies under
+    ``_plan``."""
+    rec["nodes"] = len(res.planner.sm.ops)
     rec["memory_per_device"] = res.program.memory_per_device
     rec["_plan"] = {
         "kind": "shard",
