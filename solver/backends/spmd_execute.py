@@ -328,8 +328,14 @@ def run_backward(planner: Planner, program: Program, trace: Trace, seeds: dict) 
     Returns weight name -> its global gradient."""
     sm, flow = planner.sm, planner.flow
     grads: dict[str, list[np.ndarray]] = {}
-    for t, g in seeds.items():
-        grads[t] = scatter(g.astype(np.float64), without_partial(program.layouts[t]))
+    for t, g in seeds.items():  # in the output's final layout, then back to its producer's
+        lay = without_partial(program.layouts[t])
+        reduced = program.output_redists.get(t)
+        if reduced is None:
+            grads[t] = scatter(g.astype(np.float64), lay)
+            continue
+        back = planner.redistribution(reduced.dst, lay, t)
+        grads[t] = apply(back, scatter(g.astype(np.float64), reduced.dst))
     weights: dict[str, np.ndarray] = {}
     for v in reversed(range(len(sm.ops))):
         if not flow.has_backward[v]:
@@ -347,14 +353,15 @@ def run_backward(planner: Planner, program: Program, trace: Trace, seeds: dict) 
                 weights[t] = weights.get(t, 0.0) + whole
                 continue
             u = sm.producer[t]
-            dst = without_partial(sm_out_layout(program, u, t, sm))
+            dst = without_partial(_producer_layout(program, sm, u, t))
             moved = apply(planner.redistribution(grad, dst, t), bufs)
             have = grads.get(t)
             grads[t] = moved if have is None else [a + b for a, b in zip(have, moved, strict=True)]
     return weights
 
 
-def sm_out_layout(program: Program, u: int, t: str, sm: ShardModel):
+def _producer_layout(program: Program, sm: ShardModel, u: int, t: str):
+    """The layout operator ``u`` leaves its output ``t`` in."""
     return program.shardings[u].out_layouts[sm.ops[u].outputs.index(t)]
 
 
