@@ -35,6 +35,7 @@ from solver.backends.report_html import (
 from solver.backends.schedule import ScheduleRun, simulate_schedule
 from solver.core.errors import MtppError
 from solver.core.graph import Graph
+from solver.core.text import device_ranges
 from solver.core.training import TrainingSpec
 from solver.core.units import format_time
 from solver.joint.plan import JointPlan
@@ -405,17 +406,6 @@ def joint_ladder(plan: JointPlan) -> Ladder | None:
             Rung("universal bound", plan.universal_bound, False, "every joint plan on this cluster")
         )
     return Ladder(plan.objective, tuple(rungs)) if rungs else None
-
-
-def device_ranges(devices: list[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
-    runs: list[list[int]] = []
-    for d in devices:
-        if runs and d == runs[-1][1] + 1:
-            runs[-1][1] = d
-        else:
-            runs.append([d, d])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def spmd_report(data: dict) -> Report:

@@ -20,7 +20,7 @@ from solver.cli.plan_files import NOT_FOR_JOINT, command_plan, load_plan, refuse
 from solver.cli.solve import print_training_simulation
 from solver.core.errors import MtppError
 from solver.core.files import check_output_file
-from solver.core.text import CONTROL_CHARS, esc
+from solver.core.text import CONTROL_CHARS, device_ranges, esc
 from solver.core.units import format_bytes, format_time
 
 
@@ -200,14 +200,3 @@ def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
         con.print(f"[red]invalid:[/red] {esc(v)}")
     if args.gantt is not None:
         con.print(f"Gantt chart written to {esc(args.gantt)}")
-
-
-def device_ranges(devices: list[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` -> ``"0-3,6"``."""
-    runs: list[list[int]] = []
-    for d in devices:
-        if runs and d == runs[-1][1] + 1:
-            runs[-1][1] = d
-        else:
-            runs.append([d, d])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -1,4 +1,4 @@
-"""Text from users (node, model and file names) made safe to print."""
+"""Text from users (node, model and file names) made safe to print, and device lists as ranges."""
 
 from __future__ import annotations
 
@@ -17,3 +17,18 @@ def esc(name: object) -> str:
     from rich.markup import escape  # heavy: rich (only the printing commands need it)
 
     return escape(CONTROL_CHARS.sub("?", str(name)))
+
+
+def device_ranges(devices: list[int]) -> str:
+    """Device numbers as ranges, for tables and reports.
+
+    >>> device_ranges([0, 1, 2, 3, 6])
+    '0-3,6'
+    """
+    runs: list[list[int]] = []
+    for d in devices:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
