@@ -18,6 +18,7 @@ from solver.cli.plan_files import cluster_difference
 from solver.core.cluster import Cluster, Topology, load_cluster
 from solver.frontends.onnx.modelgen import transformer
 from tests.badinput import assert_refused
+from tests.cli_runner import run_cli
 
 PIPELINE_NAMES = ["plan.json", "plan.txt", "plan", "plan.yaml"]  # a pipeline plan in each
 JOINT_NAMES = ["joint.plan", "joint.json", "joint", "joint.yaml"]  # a joint plan in each
@@ -36,13 +37,6 @@ def two_hosts() -> Cluster:
             between=(10e9, 5e-6),
         ),
     )
-
-
-def run_cli(capsys, argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

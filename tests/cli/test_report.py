@@ -14,13 +14,7 @@ from solver.cli import main
 from solver.frontends.onnx.modelgen import transformer
 from tests.backends.test_report_html import parse
 from tests.badinput import assert_refused
-
-
-def run_cli(capsys, argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")

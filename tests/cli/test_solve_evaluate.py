@@ -8,6 +8,7 @@ import pytest
 
 from solver.cli import main
 from solver.pipeline.plan import OPTIMAL
+from tests.cli_runner import run
 from tests.conftest import bench_path
 
 GRAPH = {
@@ -30,12 +31,6 @@ def toy(tmp_path):
     p = tmp_path / "toy.json"
     p.write_text(json.dumps(GRAPH))
     return p
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_inspect_json(toy, capsys):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from solver.backends.schedule import simulate_training_plan
-from solver.cli import main
 from solver.core.cluster import cluster_from_dict
 from solver.core.training import TrainingSpec, training_cost
 from solver.frontends import native
 from solver.pipeline.exact.brute import all_assignments
 from solver.pipeline.plan import OPTIMAL, read_plan_assignment, read_plan_training
+from tests.cli_runner import run
 
 RNG = np.random.default_rng(21)
 N = 7
@@ -47,12 +47,6 @@ def toy(tmp_path):
     p = tmp_path / "toy.json"
     p.write_text(json.dumps(GRAPH))
     return p
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _graph_and_cluster():

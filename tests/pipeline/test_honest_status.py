@@ -13,7 +13,6 @@ import pytest
 
 import solver.pipeline.options as solve_options
 import solver.pipeline.registry as methods
-from solver.cli import main
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
@@ -29,6 +28,7 @@ from solver.pipeline.plan import FEASIBLE, INVALID, OPTIMAL, InvalidBoundError, 
 from solver.pipeline.registry import solve
 from solver.pipeline.runners import quick_assignment
 from tests.badinput import assert_refused
+from tests.cli_runner import run
 
 # a chain a -> b -> c, work 1 each, 0.1 s of io per crossing: the optimum on 2 devices is
 # {a, b} | {c} = 2.1 s, while the universal bound is only 1.5 s (= total work / 2)
@@ -59,12 +59,6 @@ def write(tmp_path, name, data) -> str:
     p = tmp_path / name
     p.write_text(json.dumps(data))
     return str(p)
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def chain_graph() -> tuple[Graph, Cluster]:
