@@ -1,17 +1,20 @@
-"""Certificates on graphs that are not chains: encoder-decoders and a diffusion U-Net.
+"""Certificates on graphs that are not chains: encoder-decoders, diffusion U-Nets, an
+Inception-style network and a transformer with parallel experts.
 
     python benchmarks/bench_nonchain.py [--models t5-small,unet] [--k 8,16] [--time-limit 60]
-        [--torch-python /tmp/nc-venv/bin/python] [--out-dir /tmp/nonchain]
+        [--cluster ipu-pod|dgx-a100] [--torch-python /tmp/nc-venv/bin/python]
+        [--out-dir /tmp/nonchain]
 
 Builds each model with ``models/export_hf.py`` (random weights, legacy torch exporter unless
 the model needs the dynamo one; built once into ``--out-dir``, never committed) with the
 ``--torch-python`` interpreter (default: this one), which needs torch, transformers,
 onnxscript and diffusers; a model it cannot build is skipped with the builder's message.
-Then runs ``mtpp solve MODEL -k K --time-limit T --json`` for every k, one at a time, and
-prints one Markdown row per case: status, objective, bound, binding bound, gap, wall seconds,
-with the 1-minute load average before each case (the machine may be shared: say how loaded),
-and, when the gap is open, the heaviest structure the bounds could not price (the first entry
-of ``stats.bound.certified.unpriced``).
+Then runs ``mtpp solve MODEL -k K --cluster C --time-limit T --json`` for every k, one at a
+time (the ONNX model timed by the roofline of that cluster, as the command line does), and
+prints one Markdown row per case: the cluster, status, objective, bound, the binding bound,
+gap, wall seconds, with the 1-minute load average before each case (the machine may be shared:
+say how loaded), and, when the gap is open, the structure the bounds could not price (the
+entries of ``stats.bound.certified.unpriced``, heaviest first, "; "-separated).
 ``--spine-seconds S`` adds a column: the spine bound (docs/bounds.md) computed alone in this
 process with S seconds and the plan's cost as its target, from no other bound: what the
 relaxation proves when the solve's share of the bound time is too short on a loaded machine.
@@ -27,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from solver.core.cluster import load_cluster
 from solver.frontends import load_graph, resolve_cluster
 from solver.pipeline.bounds.spine import spine_bound
 
@@ -61,7 +65,15 @@ MODELS = {
     # the real model), latent 32 x 32, 77 text tokens
     "unet-sd": ["unet-sd", "--layers", "2", "--hidden", "64", "--heads", "8", "--image", "32"]
     + ["--seq", "77"],
+    # Inception-v3-like: three stages of 3 mixed blocks (four parallel branches each, 1x7 / 7x1
+    # and 1x3 / 3x1 factorised ones), two grid reductions, width 64, 96 x 96 pixels
+    "inception": ["inception", "--layers", "3", "--hidden", "64", "--image", "96"],
+    # a 6-layer transformer (d 512, 8 heads, 64 tokens) whose feed-forward is 8 parallel
+    # experts (width 1024) behind a top-2 softmax router
+    "moe-parallel": ["moe-parallel", "--layers", "6", "--hidden", "512", "--heads", "8"]
+    + ["--experts", "8", "--top-k", "2", "--seq", "64"],
 }
+CLUSTERS = ("ipu-pod", "dgx-a100")
 
 
 def build(name: str, out_dir: Path, python: str) -> Path | str:
@@ -78,11 +90,11 @@ def build(name: str, out_dir: Path, python: str) -> Path | str:
     return path
 
 
-def solve(path: Path, k: int, time_limit: float) -> dict:
+def solve(path: Path, k: int, time_limit: float, cluster: str) -> dict:
     """``mtpp solve`` on one case: its JSON, with the wall seconds and the load before it."""
     load = os.getloadavg()[0]
     cmd = [sys.executable, "-m", "solver.cli", "solve", str(path), "-k", str(k)]
-    cmd += ["--time-limit", str(time_limit), "--json", "--quiet"]
+    cmd += ["--cluster", cluster, "--time-limit", str(time_limit), "--json", "--quiet"]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent)
     wall = time.perf_counter() - t0
@@ -93,23 +105,27 @@ def solve(path: Path, k: int, time_limit: float) -> dict:
     return out
 
 
-def spine_alone(path: Path, k: int, target: float, seconds: float) -> str:
-    """The spine bound of the case alone (its better kind), with its seconds."""
+def spine_alone(path: Path, k: int, target: float, seconds: float, cluster: str) -> str:
+    """The spine bound of the case alone (its better kind), with its seconds, on the graph
+    the command line solves (timed by the cluster's roofline)."""
     t0 = time.perf_counter()
-    g = load_graph(path)
-    res = spine_bound(g, resolve_cluster(g, None, k), k, seconds, target)
+    known = load_cluster(cluster, k)
+    g = load_graph(path, cluster=known, devices=k)
+    res = spine_bound(g, resolve_cluster(g, cluster, k), k, seconds, target)
     value = max(res.chain_io, res.work_io_chain)
     return f"{value * 1e6:.4g} us ({time.perf_counter() - t0:.1f} s)"
 
 
-def row(name: str, k: int, r: dict, spine: str | None = None) -> str:
+def row(name: str, cluster: str, k: int, r: dict, spine: str | None = None) -> str:
     if "error" in r:
-        return f"| {name} | {k} | error: {r['error']} | | | | | | {r['load']:.1f} |"
+        blank = "| " * 5
+        return f"| {name} | {cluster} | {k} | error: {r['error']} {blank}| {r['load']:.1f} | |"
     bound = (r.get("stats") or {}).get("bound") or {}
     binding = bound.get("binding") if isinstance(bound, dict) else None
     gap = r.get("gap")
     cells = [
         name,
+        cluster,
         str(k),
         r.get("status"),
         f"{r['objective'] * 1e6:.4g} us",
@@ -121,7 +137,7 @@ def row(name: str, k: int, r: dict, spine: str | None = None) -> str:
     ]
     certified = bound.get("certified") if isinstance(bound, dict) else None
     unpriced = (certified or {}).get("unpriced") or []
-    cells.append(unpriced[0] if unpriced and r.get("status") != "OPTIMAL" else "-")
+    cells.append("; ".join(unpriced) if unpriced and r.get("status") != "OPTIMAL" else "-")
     if spine is not None:
         cells.append(spine)
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -134,6 +150,7 @@ def main() -> int:
     ap.add_argument("--models", default="t5-small,unet", help=f"comma-separated: {list(MODELS)}")
     ap.add_argument("--k", default="8,16", help="comma-separated device counts")
     ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--cluster", default="ipu-pod", help=f"cluster preset: {', '.join(CLUSTERS)}")
     ap.add_argument("--torch-python", default=sys.executable, help="builds the models")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/nonchain"))
     ap.add_argument("--spine-seconds", type=float, default=0.0, help="see above (0: no column)")
@@ -143,9 +160,25 @@ def main() -> int:
     if unknown:
         print(f"unknown model {unknown[0]!r}: choose from {', '.join(MODELS)}", file=sys.stderr)
         return 2
+    if args.cluster not in CLUSTERS:
+        print(
+            f"unknown cluster {args.cluster!r}: choose from {', '.join(CLUSTERS)}", file=sys.stderr
+        )
+        return 2
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
-    cols = ["model", "k", "status", "objective", "bound", "binding", "gap", "wall s", "load"]
-    cols += ["not priced (heaviest)"]
+    cols = [
+        "model",
+        "cluster",
+        "k",
+        "status",
+        "objective",
+        "bound",
+        "binding",
+        "gap",
+        "wall s",
+        "load",
+    ]
+    cols += ["not priced (heaviest first)"]
     cols += ["spine alone"] if args.spine_seconds > 0 else []
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -155,11 +188,11 @@ def main() -> int:
             print(f"| {name} | | skipped: {path} |", flush=True)
             continue
         for k in (int(x) for x in args.k.split(",")):
-            r = solve(path, k, args.time_limit)
+            r = solve(path, k, args.time_limit, args.cluster)
             spine = None
             if args.spine_seconds > 0 and "error" not in r:
-                spine = spine_alone(path, k, r["objective"], args.spine_seconds)
-            print(row(name, k, r, spine), flush=True)
+                spine = spine_alone(path, k, r["objective"], args.spine_seconds, args.cluster)
+            print(row(name, args.cluster, k, r, spine), flush=True)
     return 0
 
 

@@ -15,6 +15,8 @@ Needs torch and transformers (not dependencies of mtpp), and diffusers for the U
     python models/export_hf.py moe --layers 2 --hidden 32 --heads 2 --vocab 128 --seq 8
     python models/export_hf.py t5 --layers 6 --hidden 512 --heads 8 --seq 64   # T5-small-shaped
     python models/export_hf.py whisper --layers 12 --hidden 768 --heads 12 --image 64 --seq 32
+    python models/export_hf.py inception --layers 2 --hidden 32 --image 64   # Inception-v3-like
+    python models/export_hf.py moe-parallel --layers 4 --hidden 256 --heads 4 --experts 8 --seq 64
 
 Nothing is downloaded: the models are built from a config with random weights. The script
 prints the model's parameter count (tied weights counted once, as torch counts them), which
@@ -33,6 +35,18 @@ hit, which the tracing exporter freezes: that export is valid for every input on
 encoder and as many decoder layers and take ``--seq`` tokens on both sides (Whisper:
 ``--image`` audio positions, twice as many mel frames, and ``--seq`` decoder tokens); they
 return the decoder's last hidden state.
+
+Two models are plain torch modules built from these sizes (no Hugging Face config exists for
+them). ``inception``: an Inception-v3-like network on ``--image`` x ``--image`` pixels: a
+convolution stem of width ``--hidden``, then three stages of ``--layers`` mixed blocks each
+(35x35-style blocks of four parallel branches, 17x17-style blocks with factorised 1x7 / 7x1
+branches, 8x8-style blocks with split 1x3 / 3x1 heads), each stage after the first opened by
+a grid reduction (stride-2 branches and a max pool concatenated), and an average pool and a
+classifier. ``moe-parallel``: a transformer of ``--layers`` pre-norm layers (``--heads``
+heads, width ``--hidden``, ``--seq`` tokens) whose feed-forward is ``--experts`` parallel
+expert MLPs (width 2 x hidden) run on every token and mixed by a softmax router keeping the
+``--top-k`` largest gates per token: every expert reads the same normalised hidden state and
+the router's gates, so the graph has ``--experts`` parallel branches per layer.
 """
 
 from __future__ import annotations
@@ -44,7 +58,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("bert", "gpt2", "vit", "unet", "unet-sd", "moe", "t5", "bart", "whisper")
+KINDS = ("bert", "gpt2", "vit", "unet", "unet-sd", "moe", "t5", "bart", "whisper", "inception")
+KINDS += ("moe-parallel",)
 ENCODER_DECODERS = ("t5", "bart", "whisper")  # --layers encoder and decoder layers each
 
 
@@ -81,11 +96,11 @@ def build(kind: str, layers: int, hidden: int, heads: int, vocab: int | None, **
     sizes = Sizes(layers, hidden, heads, vocab, **more)
     builders = {"bert": _bert, "gpt2": _gpt2, "vit": _vit, "unet": _unet, "moe": _moe}
     builders.update(t5=_t5, bart=_bart, whisper=_whisper)
-    builders["unet-sd"] = _unet_sd
+    builders.update({"unet-sd": _unet_sd, "inception": _inception, "moe-parallel": _moe_parallel})
     if kind not in builders:
         raise ValueError(kind)
     model = builders[kind](sizes)
-    if hasattr(model.config, "use_cache"):
+    if hasattr(getattr(model, "config", None), "use_cache"):
         model.config.use_cache = False
     # fresh biases are all zeros and LayerNorm weights all ones; exporters deduplicate equal
     # initializers, so give every parameter distinct random values to keep them apart
@@ -183,6 +198,166 @@ def _moe(s: Sizes):
         experts_implementation=s.experts_impl,
     )
     return transformers.MixtralForCausalLM(cfg)
+
+
+def _inception(s: Sizes):
+    """Inception-v3-like stack (see the module docstring); widths scale with ``s.hidden``."""
+    import torch
+    from torch import nn
+
+    def conv(cin: int, cout: int, kernel, stride: int = 1, padding=0) -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+        )
+
+    class Mixed(nn.Module):
+        """Parallel branches over one input, concatenated along the channels."""
+
+        def __init__(self, branches: list[nn.Module]):
+            super().__init__()
+            self.branches = nn.ModuleList(branches)
+
+        def forward(self, x):
+            return torch.cat([b(x) for b in self.branches], dim=1)
+
+    def block_a(cin: int, w: int) -> Mixed:  # 35x35: 1x1, 5x5, double 3x3, pool
+        return Mixed(
+            [
+                conv(cin, w, 1),
+                nn.Sequential(conv(cin, w, 1), conv(w, w, 5, padding=2)),
+                nn.Sequential(conv(cin, w, 1), conv(w, w, 3, padding=1), conv(w, w, 3, padding=1)),
+                nn.Sequential(nn.AvgPool2d(3, 1, 1), conv(cin, w, 1)),
+            ]
+        )
+
+    def block_b(cin: int, w: int) -> Mixed:  # 17x17: 1x1, 1x7-7x1, double 7x1-1x7, pool
+        def seven(n: int) -> list[nn.Module]:  # alternating 1x7 and 7x1 convolutions
+            shapes = [((1, 7), (0, 3)), ((7, 1), (3, 0))]
+            return [conv(w, w, kern, padding=pad) for kern, pad in (shapes * n)[:n]]
+
+        return Mixed(
+            [
+                conv(cin, w, 1),
+                nn.Sequential(conv(cin, w, 1), *seven(2)),
+                nn.Sequential(conv(cin, w, 1), *seven(4)),
+                nn.Sequential(nn.AvgPool2d(3, 1, 1), conv(cin, w, 1)),
+            ]
+        )
+
+    class SplitHead(nn.Module):
+        """A 1x3 and a 3x1 convolution of one input, concatenated (Inception-v3's 8x8 heads)."""
+
+        def __init__(self, cin: int, w: int):
+            super().__init__()
+            self.a = conv(cin, w, (1, 3), padding=(0, 1))
+            self.b = conv(cin, w, (3, 1), padding=(1, 0))
+
+        def forward(self, x):
+            return torch.cat([self.a(x), self.b(x)], dim=1)
+
+    def block_c(cin: int, w: int) -> Mixed:  # 8x8: 1x1, split head, 3x3 + split head, pool
+        return Mixed(
+            [
+                conv(cin, w, 1),
+                nn.Sequential(conv(cin, w, 1), SplitHead(w, w)),
+                nn.Sequential(conv(cin, w, 1), conv(w, w, 3, padding=1), SplitHead(w, w)),
+                nn.Sequential(nn.AvgPool2d(3, 1, 1), conv(cin, w, 1)),
+            ]
+        )
+
+    def reduction(cin: int, w: int) -> Mixed:  # stride-2 branches and a max pool
+        return Mixed(
+            [
+                conv(cin, w, 3, stride=2, padding=1),
+                nn.Sequential(conv(cin, w, 1), conv(w, w, 3, padding=1), conv(w, w, 3, 2, 1)),
+                nn.MaxPool2d(3, 2, 1),
+            ]
+        )
+
+    h = s.hidden
+    layers: list[nn.Module] = [conv(3, h // 2, 3, 2, 1), conv(h // 2, h, 3, padding=1)]
+    cin = h
+    for stage, (make, w) in enumerate(((block_a, h // 2), (block_b, h), (block_c, 2 * h))):
+        if stage > 0:
+            layers.append(reduction(cin, w))
+            cin = 2 * w + cin
+        for _ in range(s.layers):
+            layers.append(make(cin, w))
+            cin = 6 * w if make is block_c else 4 * w
+    features = nn.Sequential(*layers)
+    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000))
+    model = nn.Sequential(features, head)
+    model.image_side = s.image  # the example input's side
+    return model
+
+
+def _moe_parallel(s: Sizes):
+    """A transformer whose feed-forward is ``s.experts`` parallel experts behind a top-k
+    softmax router (see the module docstring)."""
+    import torch
+    from torch import nn
+
+    d, heads = s.hidden, s.heads
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+        def forward(self, x):
+            b, n, _ = x.shape
+
+            def split(t):
+                return t.view(b, n, heads, d // heads).transpose(1, 2)
+
+            q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+            att = torch.softmax(q @ k.transpose(-1, -2) / (d // heads) ** 0.5, dim=-1)
+            return self.o((att @ v).transpose(1, 2).reshape(b, n, d))
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(d, s.experts)
+            self.experts = nn.ModuleList(
+                nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+                for _ in range(s.experts)
+            )
+
+        def forward(self, x):
+            probs = torch.softmax(self.router(x), dim=-1)
+            top, idx = probs.topk(s.top_k, dim=-1)
+            gates = torch.zeros_like(probs).scatter(-1, idx, top / top.sum(-1, keepdim=True))
+            out = 0
+            for e, expert in enumerate(self.experts):
+                out = out + gates[..., e : e + 1] * expert(x)
+            return out
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.attn, self.moe = Attention(), Experts()
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.moe(self.norm2(x))
+
+    class ParallelExperts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(s.vocab or 32000, d)
+            self.layers = nn.ModuleList(Layer() for _ in range(s.layers))
+            self.norm = nn.LayerNorm(d)
+
+        def forward(self, input_ids):
+            x = self.embed(input_ids)
+            for layer in self.layers:
+                x = layer(x)
+            return self.norm(x)
+
+    return ParallelExperts()
 
 
 def _t5(s: Sizes):
@@ -326,6 +501,12 @@ def example(model, kind: str, seq: int, batch: int) -> Example:
         text = torch.randn(batch, seq, cfg.cross_attention_dim)
         names = ["sample", "timestep", "encoder_hidden_states"]
         return Example(_unet_wrapped(model), (latent, torch.tensor([10]), text), names)
+    if kind == "inception":
+        pixels = torch.randn(batch, 3, model.image_side, model.image_side)
+        return Example(model, (pixels,), ["pixel_values"])
+    if kind == "moe-parallel":
+        ids = torch.randint(0, model.embed.num_embeddings, (batch, seq))
+        return Example(model, (ids,), ["input_ids"])
     if kind in ENCODER_DECODERS:
         vocab = model.config.vocab_size
         target = torch.randint(0, vocab, (batch, seq))
