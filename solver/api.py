@@ -46,6 +46,7 @@ from solver.core.result import Result
 from solver.frontends import load_graph, resolve_cluster
 from solver.joint import plan_joint
 from solver.joint.submesh import SPACES
+from solver.joint.training import check_training_spec, plan_joint_training
 from solver.pipeline import registry
 from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
 from solver.spmd import plan as spmd_plan
@@ -131,10 +132,7 @@ def check_request(
     if method == JOINT:
         joint_space(problem, options)
         if options.training is not None:
-            raise MtppError(
-                "--schedule applies to pipeline methods, not --method joint (joint training "
-                "plans are not supported yet)"
-            )
+            check_training_spec(options.training)
     check_solve_options(options)
     if method != JOINT:
         check_method_options(method, options.extra)
@@ -254,6 +252,17 @@ def _solve_spmd(problem: Problem, method: str, options: SolveOptions) -> Result:
 def _solve_joint(problem: Problem, method: str, options: SolveOptions) -> Result:
     """The joint plan of the ONNX model ``problem.graph_path`` (checked by
     :func:`check_request`)."""
+    if options.training is not None:
+        return plan_joint_training(
+            _model(problem),
+            _model_cluster(problem),
+            options.training,
+            memory=problem.memory,
+            time_limit=options.time_limit,
+            dims=dict(problem.dims),
+            space=joint_space(problem, options),
+            progress=options.watcher(),
+        )
     return plan_joint(
         _model(problem),
         _model_cluster(problem),

@@ -273,12 +273,9 @@ def test_spmd_needs_the_onnx_model_and_its_options_checked(tmp_path):
         solve(Problem(graph_path=onnx_path), "cpsat", SolveOptions(seed=-1), kind="spmd")
 
 
-def test_joint_refuses_a_training_schedule(tmp_path):
+def test_joint_refuses_the_interleaved_schedule(tmp_path):
     problem = Problem(graph_path=tmp_path / "absent.onnx")
-    options = SolveOptions(training=TrainingSpec("gpipe", 4))
-    expected = (
-        "--schedule applies to pipeline methods, not --method joint (joint training plans are "
-        "not supported yet)"
-    )
+    options = SolveOptions(training=TrainingSpec("interleaved", 4))
+    expected = "--schedule interleaved does not apply to --method joint yet; use gpipe or 1f1b"
     with pytest.raises(MtppError, match=f"^{re.escape(expected)}$"):
         solve(problem, "joint", options)

@@ -29,6 +29,7 @@ from solver.core.training import TrainingSpec
 from solver.core.units import format_bytes
 from solver.frontends.onnx.modules import read_layout
 from solver.joint.plan import JointPlan, save_joint_plan
+from solver.joint.training import JOINT_SCHEDULES, training_lines
 from solver.pipeline import registry
 from solver.pipeline.granularity import GRANULARITY_KEY, solve_layer_granular
 from solver.pipeline.heuristics.poprt import format_sharding
@@ -290,10 +291,9 @@ def training_spec(args: argparse.Namespace) -> TrainingSpec | None:
                 f"{given} applies to training plans; add --schedule gpipe|1f1b|interleaved"
             )
         return None
-    if args.method == api.JOINT:
+    if args.method == api.JOINT and args.schedule not in JOINT_SCHEDULES:
         raise MtppError(
-            "--schedule applies to pipeline methods, not --method joint (joint training plans "
-            "are not supported yet)"
+            f"--schedule {args.schedule} does not apply to --method joint yet; use gpipe or 1f1b"
         )
     if args.granularity == LAYER:
         raise MtppError("--schedule does not apply with --granularity layer yet; drop one of them")
@@ -424,15 +424,17 @@ def print_joint_plan(plan, con=None) -> None:
     status = plan.status + (f" (optimal over {plan.space} space)" if plan.status == OPTIMAL else "")
     con.print(f"status [bold]{status}[/bold]")
     con.print(
-        f"objective (slowest stage) {fmt(plan.objective)} s  lower bound {fmt(plan.lower_bound)} "
+        f"objective ({plan.objective_label}) {fmt(plan.objective)} s  lower bound "
+        f"{fmt(plan.lower_bound)} "
         f"s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
     con.print(f"the bound covers: {esc(plan.bound_space)}")
-    con.print(f"universal lower bound (every joint plan) {fmt(plan.universal_bound)} s")
-    con.print(
-        f"throughput {fmt(plan.throughput)} requests/s  latency {fmt(plan.latency)} s  "
-        f"solve time {plan.wall_seconds:.2f} s"
-    )
+    if plan.training is None:
+        con.print(f"universal lower bound (every joint plan) {fmt(plan.universal_bound)} s")
+        con.print(
+            f"throughput {fmt(plan.throughput)} requests/s  latency {fmt(plan.latency)} s  "
+            f"solve time {plan.wall_seconds:.2f} s"
+        )
     cols = ("time", "program_time", "io_in", "io_out")
     tu = ColumnUnit([getattr(s, k) for s in plan.stages for k in cols], TIME_UNITS)
     bu = ColumnUnit([s.memory_per_device for s in plan.stages], BYTE_UNITS)
@@ -465,6 +467,8 @@ def print_joint_plan(plan, con=None) -> None:
         "(* = slowest stage; time = program + io in + io out; ops = positions in the "
         "topological order, names in --json)"
     )
+    for line in training_lines(plan):
+        con.print(esc(line))
 
 
 # the writer and the printer of each kind of plan mtpp solve makes

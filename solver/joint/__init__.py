@@ -10,6 +10,7 @@ from solver.joint.plan import (
     save_joint_plan,
 )
 from solver.joint.planner import plan_joint
+from solver.joint.training import plan_joint_training
 
 __all__ = [
     "JointPlan",
@@ -17,6 +18,7 @@ __all__ = [
     "StageSpec",
     "load_joint_plan",
     "plan_joint",
+    "plan_joint_training",
     "price_stages",
     "save_joint_plan",
 ]

@@ -72,6 +72,69 @@ class Stage:
         }
 
 
+@dataclass(frozen=True)
+class TrainingStage:
+    """The training terms of one stage of a joint training plan (seconds, bytes per device):
+    per microbatch ``forward`` = forward program + io in + io out, ``backward`` = backward
+    program + the same io again (the gradients cross back), ``time`` = t_i = their sum; the
+    gradient synchronisation ``sync`` once per iteration; ``memory`` = ``base`` (the weights with
+    their training state and one microbatch's peak) + (``inflight`` - 1) x ``stash``."""
+
+    forward: float
+    backward: float
+    time: float
+    sync: float
+    base: float
+    stash: float
+    inflight: float
+    memory: float
+    capacity: float | None
+
+    def to_dict(self) -> dict:
+        return {
+            "forward": self.forward,
+            "backward": self.backward,
+            "time": self.time,
+            "sync": self.sync,
+            "base_bytes": self.base,
+            "stash_bytes": self.stash,
+            "inflight": self.inflight,
+            "memory_bytes": self.memory,
+            "capacity_bytes": self.capacity,
+        }
+
+
+@dataclass(frozen=True)
+class JointTraining:
+    """A joint training plan's schedule and cost: T = a sum t_i + b max t_i + max sync_i
+    (docs/training.md, "Joint training plans")."""
+
+    schedule: str
+    microbatches: int
+    optimizer_state: float
+    iteration_time: float
+    stages: tuple[TrainingStage, ...]
+
+    @property
+    def label(self) -> str:
+        return f"iteration time T, {self.schedule}, m = {self.microbatches}"
+
+    @property
+    def max_stage_time(self) -> float:
+        return max(s.time for s in self.stages)
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "optimizer_state": self.optimizer_state,
+            "iteration_time": self.iteration_time,
+            "max_stage_time": self.max_stage_time,
+            "max_sync": max(s.sync for s in self.stages),
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
 @dataclass
 class JointPlan:
     """Stages in pipeline order; objective = the slowest stage's time (the period)."""
@@ -89,10 +152,22 @@ class JointPlan:
     wall_seconds: float
     stats: dict = field(default_factory=dict)
     model_path: str | None = None
+    # a training plan (solver.joint.training): T, the schedule and each stage's training terms
+    training: JointTraining | None = None
 
     @property
     def objective(self) -> float:
+        """The period (the slowest stage's time); a training plan's iteration time T."""
+        if self.training is not None:
+            return self.training.iteration_time
         return max(s.time for s in self.stages)
+
+    @property
+    def objective_label(self) -> str:
+        """What the objective is, in words."""
+        if self.training is not None:
+            return self.training.label
+        return "slowest stage"
 
     @property
     def throughput(self) -> float | None:
@@ -128,6 +203,11 @@ class JointPlan:
             "wall_seconds": self.wall_seconds,
             "stats": self.stats,
             "stages": [s.to_dict() for s in self.stages],
+            **(
+                {"objective_kind": "iteration_time", "training": self.training.to_dict()}
+                if self.training is not None
+                else {}
+            ),
         }
 
 
@@ -229,6 +309,11 @@ def joint_plan_from_data(data: object, where: str, model=None) -> JointPlan:
         raise MtppError(f"{where}: not a joint plan (format {JOINT_FORMAT!r} expected)")
     if data.get("version") != JOINT_VERSION:
         raise MtppError(f"{where}: joint plan version {data.get('version')!r} is not supported")
+    if "training" in data:
+        raise MtppError(
+            f"{where}: a joint training plan; mtpp evaluate, simulate and export do not read "
+            "joint training plans yet (its numbers come from mtpp solve --method joint --schedule)"
+        )
     cluster = cluster_from_dict(data.get("cluster"), f"{where}: cluster")
     raw = data.get("stages")
     if not isinstance(raw, list) or not raw:

@@ -85,7 +85,7 @@ class _Label:
     prev: _Label | None
 
 
-class _Search:
+class JointSearch:
     """One joint search: model, cluster, candidates, caches."""
 
     def __init__(self, sm, cluster: Cluster, memory, space, deadline, progress, workers):
@@ -179,11 +179,14 @@ class _Search:
         return pc
 
     def _note_pricing(self) -> None:
-        """Say on the progress how many pairs are priced (at most once a second)."""
+        self.note_pricing(len(self.costs))
+
+    def note_pricing(self, count: int) -> None:
+        """Say on the progress how many programs are priced (at most once a second)."""
         now = time.perf_counter()
         if self.progress is not None and now - self._noted >= NOTE_SECONDS:
             self._noted = now
-            self.progress.note(f"pricing stage candidates ({len(self.costs)} programs priced)")
+            self.progress.note(f"pricing stage candidates ({count} programs priced)")
 
     def _whole(self, m: int):
         """The whole model's Planner on sub-mesh m (one per alike sub-meshes) and the prefix
@@ -525,7 +528,7 @@ def _fmt_bytes(x: float) -> str:
     return f"{format_bytes(x)} ({x:.0f} bytes)"
 
 
-def _describe_space(search: _Search) -> str:
+def describe_space(search: JointSearch) -> str:
     shapes = [
         "x".join(map(str, shape))
         for shape in sorted({m.mesh.shape for m in search.meshes}, key=lambda s: (math.prod(s), s))
@@ -576,7 +579,7 @@ def plan_joint(
     if progress is not None and not isinstance(model, ShardModel):
         progress.note("loading the model")
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
-    search = _Search(sm, cluster, memory, space, clock0 + time_limit, progress, workers)
+    search = JointSearch(sm, cluster, memory, space, clock0 + time_limit, progress, workers)
     _check_fits_somewhere(search)
     if progress is not None:
         c = len(search.cuts)
@@ -593,7 +596,7 @@ class _Rounds:
     """The rounds of one joint search: the incumbent (best objective and its stages), the
     lower bound proven so far, and the lower programme's last value."""
 
-    def __init__(self, search: _Search, universal: float, t0: float, gap: float) -> None:
+    def __init__(self, search: JointSearch, universal: float, t0: float, gap: float) -> None:
         self.search, self.universal, self.t0, self.gap = search, universal, t0, gap
         self.objective = math.inf
         self.stages: list | None = None
@@ -685,7 +688,7 @@ def _no_plan_error(space: str, cluster: Cluster, memory, time_limit: float, low)
     )
 
 
-def _finish(search: _Search, rounds: _Rounds, model, t0: float) -> JointPlan:
+def _finish(search: JointSearch, rounds: _Rounds, model, t0: float) -> JointPlan:
     """The incumbent with its certified bound and status (OPTIMAL only when the bound meets
     it) and the search's counts."""
     verdict = certify("joint", rounds.objective, [rounds.lower, rounds.universal], proven=True)
@@ -703,7 +706,7 @@ def _finish(search: _Search, rounds: _Rounds, model, t0: float) -> JointPlan:
         rounds.stages,
         verdict.status,
         verdict.lower_bound,
-        _describe_space(search),
+        describe_space(search),
         min(rounds.universal, rounds.objective),
         search.space,
         time.perf_counter() - t0,
@@ -722,7 +725,7 @@ def _limit_text(cluster: Cluster, memory) -> str | None:
     return "each device's capacity"
 
 
-def _check_fits_somewhere(search: _Search) -> None:
+def _check_fits_somewhere(search: JointSearch) -> None:
     """Refuse at once (one line) an operator whose weights alone exceed the limit on every
     candidate sub-mesh, naming it and the memory it needs."""
     sm = search.sm

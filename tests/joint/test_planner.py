@@ -695,14 +695,14 @@ def test_joint_stopped_after_its_first_plans_is_no_worse_than_either_sub_space(m
 
     now = [0.0]
     monkeypatch.setattr(planner, "_clock", lambda: now[0])
-    seeds = planner._Search.seeds
+    seeds = planner.JointSearch.seeds
 
     def seeds_then_stop(self):
         out = seeds(self)
         now[0] += 1e6  # the deadline passes right after the first incumbents
         return out
 
-    monkeypatch.setattr(planner._Search, "seeds", seeds_then_stop)
+    monkeypatch.setattr(planner.JointSearch, "seeds", seeds_then_stop)
     sm, c = _two_by_four_transformer()
     plans = {s: plan_joint(sm, c, time_limit=30, space=s) for s in ("pipeline", "sharding")}
     joint = plan_joint(sm, c, time_limit=30, space="joint")
@@ -754,13 +754,13 @@ def test_search_stops_at_its_deadline_and_gives_exact_solves_only_the_time_left(
 
     monkeypatch.setattr(solve_mod, "solve_sharding", recording)
     deadline = [0.0]
-    search_init = planner._Search.__init__
+    search_init = planner.JointSearch.__init__
 
     def init(self, *args):
         search_init(self, *args)
         deadline[0] = self.deadline
 
-    monkeypatch.setattr(planner._Search, "__init__", init)
+    monkeypatch.setattr(planner.JointSearch, "__init__", init)
     sm, c = _two_by_four_transformer()
     plan = plan_joint(sm, c, time_limit=12, space="joint", workers=1)
     assert asked, "no exact solve ran: the test checks nothing"
@@ -848,7 +848,7 @@ def test_without_retries_the_unproven_solves_leave_a_gap(monkeypatch):
         return dataclasses.replace(res, status=FEASIBLE, lower_bound=0.0, stats=stats)
 
     monkeypatch.setattr(solve_mod, "solve_sharding", unproven)
-    monkeypatch.setattr(planner._Search, "retry", lambda self, pairs: False)
+    monkeypatch.setattr(planner.JointSearch, "retry", lambda self, pairs: False)
     plan = plan_joint(from_proto(tiny_model(), {}), two_hosts(between=5e8), time_limit=60)
     assert plan.stats["exact_solves"] > 0
     assert plan.status == FEASIBLE and plan.gap > 1e-3
