@@ -1,0 +1,249 @@
+"""Encoder-decoders as two chains: a certified bound and a plan from the exact two-chain DP.
+
+The spine relaxation (:mod:`solver.pipeline.bounds.spine`) keeps one heaviest path and removes
+what lies beside it; on an encoder-decoder that is the decoder's embedding and first
+self-attention (beside the whole encoder) and the cross-attention key and value projections
+(beside the decoder layers before them). The first is what its bound misses (docs/bounds.md,
+"two chain"). Here the side branch beside the spine's start is kept: the graph is split into
+A, the ancestors of the spine node just before the branch joins it (the encoder), and B, the
+rest (the decoder with its prefix); only the nodes of B that keep B from being a chain (those
+spanning chosen spine positions after the join, the projections) are removed, as the spine
+relaxation removes them (order edges kept, wide detours charged). The exact DP of
+:mod:`solver.pipeline.dp.two_chain` on that relaxed graph proves its bound: every value
+reported is a T at which no plan of G' has k blocks each of work and io at most T, so no plan
+of G has (docs/bounds.md). The same DP on the *pinned* graph (the removed nodes merged into the
+node they feed, :func:`solver.pipeline.bounds.spine_plan.pinned_labels`) gives a real plan,
+priced by the evaluator and never reported as a bound.
+
+It applies when the side branch carries at least MIN_SIDE_SHARE of the work (an
+encoder-decoder's decoder prefix); on chains and graphs without such a branch it returns at
+once (a heaviest path and its spans).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, validate
+from solver.core.graph import Graph, coarse_view, contract
+from solver.core.result import meets_target
+from solver.pipeline.bounds.spine import (
+    MAX_SPINE_NODES,
+    SPINE_REL_TOL,
+    TARGET_BAND,
+    Spine,
+    SpineSpans,
+    heaviest_path,
+    kept_nodes,
+    spine_relaxation,
+    spine_spans,
+)
+from solver.pipeline.bounds.spine_plan import pinned_labels
+from solver.pipeline.dp.two_chain import (
+    TwoChains,
+    TwoChainUnsupported,
+    assignment_of,
+    fewest_blocks,
+    sorted_partial,
+    two_chains,
+)
+
+MIN_SIDE_SHARE = 0.01  # the side branch's least share of the work (else: not two chains)
+TWO_CHAIN_BUDGETS = (0.3, 0.2, 0.1)  # the work removed from B (share of the total), tried in
+# this order while time is left: the most removed first (B has the most separators)
+
+
+@dataclass(frozen=True)
+class TwoChainSplit:
+    """The coarse graph, the spine's spans, the side branch (``side``: nodes with no spine
+    ancestor whose first spine descendant is ``join``) and A (``in_a``: the ancestors of the
+    spine node before ``join``, itself included)."""
+
+    graph: Graph
+    spans: SpineSpans
+    side: np.ndarray
+    join: int
+    in_a: np.ndarray
+
+
+def two_chain_split(cg: Graph) -> TwoChainSplit | None:
+    """The split of a coarse graph into two chains, or None when it has no side branch beside
+    the start of its heaviest path carrying MIN_SIDE_SHARE of the work."""
+    if cg.n < 4 or cg.n > MAX_SPINE_NODES:
+        return None
+    path = heaviest_path(cg)
+    spans = spine_spans(cg, path)
+    work = np.asarray(cg.work, dtype=float)
+    beside = (spans.pos < 0) & (spans.lo < 0) & (spans.hi < len(path))
+    if not beside.any():
+        return None
+    joins = np.bincount(spans.hi[beside], weights=work[beside], minlength=len(path))
+    join = int(np.argmax(joins))
+    if join < 1 or joins[join] < MIN_SIDE_SHARE * float(work.sum()):
+        return None
+    in_a = ((spans.pos >= 0) & (spans.pos < join)) | ((spans.pos < 0) & (spans.hi < join))
+    return TwoChainSplit(cg, spans, beside & (spans.hi == join), join, in_a)
+
+
+def relaxed_keep(split: TwoChainSplit, budget: float) -> np.ndarray:
+    """The kept nodes when spine positions after the join become separators (those spanned by
+    the least work first) while the removed work stays within ``budget`` of the total."""
+    spans, work = split.spans, np.asarray(split.graph.work, dtype=float)
+    order = np.argsort(spans.span_work, kind="stable")
+    order = order[order >= split.join]
+    chosen = np.zeros(len(spans.span_work), dtype=bool)
+    lo, hi = 0, len(order)
+    while lo < hi:  # the removed work grows with every position: bisection on the count
+        mid = (lo + hi + 1) // 2
+        chosen[:] = False
+        chosen[order[:mid]] = True
+        removed = float(work[~kept_nodes(spans, chosen)].sum())
+        lo, hi = (mid, hi) if removed <= budget * float(work.sum()) * (1 + 1e-12) else (lo, mid - 1)
+    chosen[:] = False
+    chosen[order[:lo]] = True
+    return kept_nodes(spans, chosen)
+
+
+@dataclass(frozen=True)
+class TwoChainBound:
+    """The largest T proven infeasible on a two-chain relaxation (0: none above the floor),
+    the relaxation that proved it, and why it did not run (empty when it did)."""
+
+    value: float
+    spine: Spine | None
+    skipped: str = ""
+
+
+def two_chain_bound(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    time_limit: float,
+    target: float | None = None,
+    floor: float = 0.0,
+) -> TwoChainBound:
+    """The two-chain bound of ``g`` on ``k`` blocks of ``cluster`` (homogeneous; its work and
+    io, overflow left out): per relaxation (TWO_CHAIN_BUDGETS), a probe at ``floor`` (a
+    bound known already: a relaxation that fits there proves nothing more), a probe just
+    below ``target`` (a plan's cost), then bisection to SPINE_REL_TOL."""
+    deadline = time.perf_counter() + time_limit
+    cg, _ = coarse_view(g)
+    split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
+    if split is None:
+        return TwoChainBound(0.0, None, "not two chains")
+    best, why = TwoChainBound(0.0, None), ""
+    for budget in TWO_CHAIN_BUDGETS:
+        if time.perf_counter() > deadline:
+            break
+        spine = spine_relaxation(cg, relaxed_keep(split, budget))
+        try:
+            tc = two_chains(spine.graph, split.in_a[spine.kept], cluster.link_bandwidth, deadline)
+        except TwoChainUnsupported as e:
+            why = str(e)
+            continue
+        value = _largest_infeasible(tc, k, max(floor, best.value), target, deadline)
+        if value > best.value:
+            best = TwoChainBound(value, spine)
+        if meets_target(target, best.value):
+            break
+    return best if best.spine is not None or not why else TwoChainBound(0.0, None, why)
+
+
+def _largest_infeasible(
+    tc: TwoChains, k: int, floor: float, target: float | None, deadline: float
+) -> float:
+    """The largest T found at which the DP has no plan (0 when none above ``floor``)."""
+    srt = sorted_partial(tc)
+
+    def infeasible(t: float) -> bool:
+        return fewest_blocks(tc, srt, t, k) is None
+
+    if floor > 0 and not infeasible(floor):
+        return 0.0
+    hi = target if target is not None and math.isfinite(target) else _top(tc)
+    near = hi / (1 + TARGET_BAND)
+    if near > floor and infeasible(near):
+        return near
+    lo = floor
+    while hi - lo > SPINE_REL_TOL * hi and time.perf_counter() < deadline:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if infeasible(mid) else (lo, mid)
+    return lo
+
+
+def _top(tc: TwoChains) -> float:
+    """A T at which one block holds everything (no io): always feasible."""
+    return float(tc.a_ids.work[-1] + tc.b_ids.work[-1]) * (1 + 1e-6) + 1e-30
+
+
+@dataclass(frozen=True)
+class TwoChainPlan:
+    """A valid plan of the graph (``assignment`` on its original nodes) and its objective."""
+
+    value: float
+    assignment: np.ndarray
+
+
+def two_chain_plan(
+    g: Graph, cluster: Cluster, k: int, time_limit: float, upper: float = math.inf
+) -> TwoChainPlan | None:
+    """The best plan below ``upper`` of the DP on the pinned graphs (one per budget of
+    TWO_CHAIN_BUDGETS, the removed nodes merged into the node they feed), found within
+    ``time_limit``: bisection on T, each feasible T's plan priced by the evaluator."""
+    deadline = time.perf_counter() + time_limit
+    cg, labels = coarse_view(g)
+    split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
+    if split is None:
+        return None
+    best: TwoChainPlan | None = None
+    for budget in TWO_CHAIN_BUDGETS:
+        if time.perf_counter() > deadline:
+            break
+        pin = pinned_labels(cg, relaxed_keep(split, budget))
+        pinned = contract(cg, pin)
+        in_a = np.zeros(pinned.n, dtype=bool)
+        in_a[pin[split.in_a]] = True
+        try:
+            tc = two_chains(pinned, in_a, cluster.link_bandwidth, deadline)
+        except TwoChainUnsupported:
+            continue
+        bar = upper if best is None else min(upper, best.value)
+        found = _least_feasible(g, cluster, k, tc, pin[labels], bar, deadline)
+        if found is not None and (best is None or found.value < best.value):
+            best = found
+    return best
+
+
+def _least_feasible(
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    tc: TwoChains,
+    to_pinned: np.ndarray,
+    upper: float,
+    deadline: float,
+) -> TwoChainPlan | None:
+    """Bisection on T for the DP's plans on the pinned graph (``to_pinned``: each original
+    node's pinned node), each priced on ``g``; the best one below ``upper``."""
+    srt = sorted_partial(tc)
+    lo, hi = 0.0, upper if math.isfinite(upper) else _top(tc)
+    best: TwoChainPlan | None = None
+    while time.perf_counter() < deadline:
+        t = hi / (1 + TARGET_BAND) if best is None and math.isfinite(upper) else 0.5 * (lo + hi)
+        chain = fewest_blocks(tc, srt, t, k)
+        if chain is None:
+            lo = t
+        else:
+            a = assignment_of(tc, chain, tc.a_nodes.size + tc.b_nodes.size)[to_pinned]
+            value = math.inf if validate(g, cluster, a, k) else evaluate(g, cluster, a, k).objective
+            if value < (upper if best is None else best.value):
+                best = TwoChainPlan(float(value), a)
+            hi = min(t, float(value))
+        if hi - lo <= SPINE_REL_TOL * hi:
+            break
+    return best

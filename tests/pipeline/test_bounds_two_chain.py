@@ -1,0 +1,159 @@
+"""The two-chain DP (solver.pipeline.dp.two_chain) and the bound and plan built on it
+(solver.pipeline.bounds.two_chain): on graphs made of two chains with cross edges the DP decides
+"k blocks each <= T" exactly (the brute-force optimum without a memory limit is feasible, a hair
+below it is not); the bound never exceeds the brute-force optimum of random encoder-decoders;
+the plan is a valid plan priced by the evaluator; chains are skipped at once."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solver.core.cluster import Cluster
+from solver.core.cost import evaluate, validate
+from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds.two_chain import (
+    two_chain_bound,
+    two_chain_plan,
+    two_chain_split,
+)
+from solver.pipeline.dp.two_chain import (
+    TwoChainUnsupported,
+    assignment_of,
+    fewest_blocks,
+    sorted_partial,
+    two_chains,
+)
+from solver.pipeline.exact.brute import brute_force
+from tests.conftest import scaled_examples
+from tests.pipeline.test_bounds_nonchain import _hand_encoder_decoder, encoder_decoders
+
+TOL = 1e-9
+
+
+@st.composite
+def two_chain_graphs(draw, max_nodes: int = 9):
+    """An encoder (a chain with random skip edges) ending in E, a decoder prefix chain beside
+    it, a decoder chain whose first node joins the prefix and E, later decoder nodes reading
+    E or an earlier encoder node; random work and sizes, no memory limit. Returns the graph,
+    the cluster and the mask of the encoder side."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    enc = draw(st.integers(1, 4))
+    pre = draw(st.integers(1, 2))
+    dec = draw(st.integers(1, max(1, max_nodes - enc - pre)))
+    names = [f"e{i}" for i in range(enc)] + [f"p{i}" for i in range(pre)]
+    names += [f"d{j}" for j in range(dec)]
+    edges = [(i, i + 1) for i in range(enc - 1)]
+    edges += [(i, i + 2) for i in range(enc - 2) if rng.random() < 0.5]
+    edges += [(enc + i, enc + i + 1) for i in range(pre - 1)]
+    first = enc + pre
+    edges += [(enc + pre - 1, first), (enc - 1, first)]
+    for j in range(1, dec):
+        edges.append((first + j - 1, first + j))
+        if rng.random() < 0.6:
+            edges.append((int(rng.integers(0, enc)), first + j))
+    n = len(names)
+    work = rng.integers(0, 6, n).astype(float) if rng.random() < 0.5 else rng.random(n) * 5
+    sizeout = rng.integers(0, 5, n).astype(float)
+    g = Graph.build(names, work, sizeout, sorted(set(edges)), name="twochain")
+    k = draw(st.integers(1, 4))
+    cluster = Cluster("toy", k, link_bandwidth=float(rng.choice([0.5, 1.0, 2.0])))
+    in_a = np.zeros(n, dtype=bool)
+    in_a[:enc] = True
+    return g, cluster, in_a
+
+
+def _tables(g: Graph, cluster: Cluster, in_a: np.ndarray):
+    tc = two_chains(g, in_a, cluster.link_bandwidth, time.perf_counter() + 30)
+    return tc, sorted_partial(tc)
+
+
+@settings(max_examples=scaled_examples(200), suppress_health_check=[HealthCheck.too_slow])
+@given(two_chain_graphs())
+def test_dp_decides_k_blocks_at_most_t_exactly(prob):
+    g, c, in_a = prob
+    truth = brute_force(g, c)
+    tc, srt = _tables(g, c, in_a)
+    k = c.devices
+    opt = truth.objective
+    chain = fewest_blocks(tc, srt, opt, k)
+    assert chain is not None  # the optimum's T is feasible
+    a = assignment_of(tc, chain, g.n)
+    assert validate(g, c, a, k) == []
+    assert evaluate(g, c, a, k).objective == pytest.approx(opt, rel=1e-9, abs=1e-12)
+    if opt > 0:
+        assert fewest_blocks(tc, srt, opt * (1 - 1e-6) - 1e-12, k) is None  # and nothing below
+
+
+def test_dp_refuses_a_prefix_that_reads_the_encoder():
+    # p0 reads e0: a B-ideal beside A holds a reader of a tensor of A (the cross part would
+    # then depend on both sides), so the DP does not apply
+    g = Graph.build(
+        ["e0", "e1", "p0", "d0"], [1.0] * 4, [1.0] * 4, [(0, 1), (0, 2), (2, 3), (1, 3)]
+    )
+    in_a = np.array([True, True, False, False])
+    with pytest.raises(TwoChainUnsupported, match="a B-ideal beside A holds a reader"):
+        two_chains(g, in_a, 1.0, time.perf_counter() + 5)
+    with pytest.raises(TwoChainUnsupported, match="an edge goes from B into A"):
+        two_chains(g, np.array([False, True, False, False]), 1.0, time.perf_counter() + 5)
+
+
+def _check_bound_and_plan(g: Graph, c: Cluster) -> None:
+    truth = brute_force(g, c)
+    k = c.devices
+    bound = two_chain_bound(g, c, k, 5.0)
+    if truth is None:
+        return
+    assert bound.value <= truth.objective * (1 + TOL) + TOL
+    plan = two_chain_plan(g, c, k, 5.0)
+    if plan is not None:
+        assert validate(g, c, plan.assignment, k) == []
+        assert evaluate(g, c, plan.assignment, k).objective == pytest.approx(plan.value)
+        assert plan.value >= truth.objective * (1 - TOL) - TOL
+
+
+@settings(max_examples=scaled_examples(150), suppress_health_check=[HealthCheck.too_slow])
+@given(encoder_decoders())
+def test_bound_is_at_most_the_optimum_and_plan_is_valid_on_encoder_decoders(prob):
+    _check_bound_and_plan(*prob)
+
+
+@settings(max_examples=scaled_examples(100), suppress_health_check=[HealthCheck.too_slow])
+@given(two_chain_graphs())
+def test_bound_is_at_most_the_optimum_on_two_chain_graphs(prob):
+    g, c, _ = prob
+    _check_bound_and_plan(g, c)
+
+
+def test_hand_built_encoder_decoder_bound_and_plan_meet_the_optimum():
+    # e0 -> e1 (E) -> d0 -> d1, the prefix p beside the encoder, E read by d1 through k1:
+    # brute force 9 ({e0, e1} | {p, d0, k1} | {d1}); the two chains (e0, e1) and (p, d0, k1,
+    # d1) keep everything (k1 spans no position after the join), so the DP is exact
+    g, c = _hand_encoder_decoder()
+    assert brute_force(g, c).objective == pytest.approx(9.0)
+    split = two_chain_split(coarse_view(g)[0])
+    assert split is not None
+    assert [split.graph.names[v] for v in np.flatnonzero(split.side)] == ["p"]
+    assert [split.graph.names[v] for v in np.flatnonzero(split.in_a)] == ["e0", "e1"]
+    plan = two_chain_plan(g, c, 3, 5.0)
+    assert plan is not None and plan.value == pytest.approx(9.0)
+    bound = two_chain_bound(g, c, 3, 5.0, target=9.0)
+    assert bound.value == pytest.approx(9.0, rel=1e-6) and bound.value <= 9.0
+
+
+def test_chains_are_skipped_at_once():
+    n = 50
+    g = Graph.build(
+        [f"v{i}" for i in range(n)], [1.0] * n, [1.0] * n, [(i, i + 1) for i in range(n - 1)]
+    )
+    c = Cluster("toy", 4)
+    assert two_chain_split(coarse_view(g)[0]) is None
+    res = two_chain_bound(g, c, 4, 5.0)
+    assert res.value == 0.0 and res.skipped == "not two chains"
+    assert two_chain_plan(g, c, 4, 5.0) is None
+    assert math.isinf(c.fast_memory)
