@@ -66,8 +66,9 @@ MODELS = {
     "unet-sd": ["unet-sd", "--layers", "2", "--hidden", "64", "--heads", "8", "--image", "32"]
     + ["--seq", "77"],
     # Inception-v3-like: three stages of 3 mixed blocks (four parallel branches each, 1x7 / 7x1
-    # and 1x3 / 3x1 factorised ones), two grid reductions, width 64, 96 x 96 pixels
-    "inception": ["inception", "--layers", "3", "--hidden", "64", "--image", "96"],
+    # and 1x3 / 3x1 factorised ones), two grid reductions, Inception-v3's widths (192 after the
+    # stem, 768 and 2304 in the later stages), 70 x 70 pixels (35 x 35 in the first stage)
+    "inception": ["inception", "--layers", "3", "--hidden", "192", "--image", "70"],
     # a 6-layer transformer (d 512, 8 heads, 64 tokens) whose feed-forward is 8 parallel
     # experts (width 1024) behind a top-2 softmax router
     "moe-parallel": ["moe-parallel", "--layers", "6", "--hidden", "512", "--heads", "8"]
