@@ -33,11 +33,14 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
 from solver.core.options import check_time_limit, checked_memory
 from solver.core.result import InvalidBoundError, certify
 from solver.core.training import CAPACITY_SLACK, TrainingSpec
+from solver.frontends.onnx.backward import RULES
 from solver.joint.plan import (
     JointPlan,
     JointTraining,
@@ -53,6 +56,7 @@ from solver.spmd.model import ShardModel, load_model
 from solver.spmd.patterns import data_parallel_plan, megatron_plan
 from solver.spmd.program import Planner, evaluate
 from solver.spmd.propagate import propagate
+from solver.spmd.redistribute import local_bytes
 from solver.spmd.strategy import Strategy
 from solver.spmd.training import GradientFlow, gradient_flow
 from solver.spmd.training import TrainingSpec as ShardTraining
@@ -78,11 +82,11 @@ class StageOption:
     forward: float  # the forward program per microbatch (its part of ``time``)
     time: float  # forward + backward program per microbatch, without the gradient sync
     sync: float  # the gradient synchronisation, once per iteration
-    base: float  # bytes per device with one microbatch in flight
-    stash: float  # bytes per device each further microbatch in flight keeps
+    base: float  # bytes per device: weights with their training state + the forward's peak
+    stash: float  # bytes per device each microbatch in flight keeps for its backward
 
     def memory(self, inflight: float) -> float:
-        return self.base + (inflight - 1.0) * self.stash
+        return self.base + inflight * self.stash
 
     def dominates(self, other: StageOption) -> bool:
         return (
@@ -91,17 +95,6 @@ class StageOption:
             and self.base <= other.base
             and self.stash <= other.stash
         )
-
-
-@dataclass
-class TrainingPair:
-    """The options of one (segment, sub-mesh): ``upper`` real choices, ``lower`` bounds (each
-    real choice is dominated by one of them); ``exact`` when both are every combination."""
-
-    upper: list[StageOption]
-    lower: list[StageOption]
-    exact: bool
-    sources: list[str]
 
 
 @dataclass
@@ -131,15 +124,72 @@ def training_planner(seg: Segment, cluster: Cluster, devices, shape, state: floa
     return planner
 
 
-def price_option(planner: Planner, strategies: dict[str, Strategy]) -> StageOption:
-    """One choice of strategies priced for training (ZeRO-1 memory for every synchronised
-    weight: the same time in the ring model, the least memory)."""
+def forward_planner(planner: Planner) -> Planner:
+    """The inference planner of the same segment and mesh (the forward's activation peak),
+    sharing the caches that do not depend on training."""
+    fwd = Planner(planner.sm, planner.mesh, planner.cluster)
+    for cache in ("_cache", "_cands", "_time"):  # a speed-up only: skipped if renamed
+        if isinstance(getattr(planner, cache, None), dict) and hasattr(fwd, cache):
+            setattr(fwd, cache, getattr(planner, cache))
+    return fwd
+
+
+def price_option(planner: Planner, strategies: dict[str, Strategy], fwd: Planner | None = None):
+    """One choice of strategies priced for training: the program's time per microbatch
+    (forward, backward and their collectives; the gradient sync apart), the weights with their
+    training state (ZeRO-1 for every synchronised weight: the same time in the ring model, the
+    least memory), the forward's activation peak and the stash of the backward table."""
     prog = evaluate(planner, strategies)
     sync = math.fsum(prog.training.sync_time)
-    stash = math.fsum(planner.output_bytes(i, sh) for i, sh in enumerate(prog.shardings))
+    peak = evaluate(fwd or forward_planner(planner), strategies).peak_activation_memory
     names = tuple(strategies[op.name] for op in planner.sm.ops)
     forward = prog.objective - prog.training.total
-    return StageOption(names, forward, prog.objective - sync, sync, prog.memory_per_device, stash)
+    stash = stash_bytes(planner, prog.shardings)
+    base = prog.weight_memory + peak
+    return StageOption(names, forward, prog.objective - sync, sync, base, stash)
+
+
+def _kept_positions(op, rule, needs_grad) -> list[int]:
+    """The ONNX input positions whose tensors the backward of ``op`` reads (the table's rule,
+    solver/frontends/onnx/backward.py)."""
+    inputs = list(op.node.input)
+    if rule.per_operand:
+        ops = [j for j in (rule.operands or range(len(inputs))) if j < len(inputs) and inputs[j]]
+        return [j for j in ops if any(inputs[o] in needs_grad for o in ops if o != j)]
+    wanted = range(len(inputs)) if rule.inputs is None else rule.inputs
+    return [j for j in wanted if j < len(inputs) and inputs[j]]
+
+
+def stash_bytes(planner: Planner, shardings) -> float:
+    """Bytes per device one microbatch keeps for the backward: the tensors the backward table
+    keeps (activations only, each once), in the layout their operator reads or writes them."""
+    return math.fsum(stash_per_op(planner, shardings))
+
+
+def stash_per_op(planner: Planner, shardings) -> np.ndarray:
+    """:func:`stash_bytes` by operator: each kept tensor counted at its first keeper."""
+    sm, flow = planner.sm, planner.flow
+    kept: set[str] = set()
+    out = np.zeros(len(sm.ops))
+    for v, op in enumerate(sm.ops):
+        if not flow.has_backward[v]:
+            continue
+        rule = RULES.get(op.op_type)
+        sh = shardings[v]
+        items = []
+        if rule is None or rule.output:
+            items += list(zip(op.outputs, sh.out_layouts, strict=True))
+        if rule is not None:
+            for j in _kept_positions(op, rule, flow.needs_grad):
+                t = op.node.input[j]
+                lay = sh.in_layouts[op.data.index(j)] if j in op.data else None
+                items.append((t, lay))
+        for t, lay in items:
+            if t in kept or t in sm.consts:
+                continue
+            kept.add(t)
+            out[v] += tensor_bytes(sm, t) if lay is None else local_bytes(lay, sm.itemsize(t))
+    return out
 
 
 def _pareto(options: list[StageOption]) -> list[StageOption]:
@@ -150,42 +200,74 @@ def _pareto(options: list[StageOption]) -> list[StageOption]:
     return out
 
 
-def price_pair(planner: Planner, seg: Segment, devices: int, state: float) -> TrainingPair:
-    """Every combination of a small segment (upper = lower, exact), else the heuristics'
-    plans (upper) and each operator's least compute with memory floors (lower)."""
-    n = len(seg.sm.ops)
-    cands = [planner.candidates(i) for i in range(n)]
-    if math.prod(len(c) for c in cands) <= EVERY_COMBINATION_UP_TO:
-        opts = [
+def every_combination(planner: Planner) -> list[StageOption]:
+    """Every strategy combination of the planner's segment priced (the Pareto set): exact."""
+    ops = planner.sm.ops
+    fwd = forward_planner(planner)
+    cands = [planner.candidates(i) for i in range(len(ops))]
+    return _pareto(
+        [
             price_option(
-                planner, {op.name: sh.strategy for op, sh in zip(seg.sm.ops, combo, strict=True)}
+                planner, {op.name: sh.strategy for op, sh in zip(ops, c, strict=True)}, fwd
             )
-            for combo in itertools.product(*cands)
+            for c in itertools.product(*cands)
         ]
-        opts = _pareto(opts)
-        return TrainingPair(opts, opts, True, ["every combination"])
-    upper, sources = [], []
-    for name, fn in HEURISTICS.items() if devices > 1 else list(HEURISTICS.items())[:1]:
-        upper.append(price_option(planner, fn(planner, {})))
-        sources.append(name)
-    least = sum(
-        min(planner.compute_time(i, sh) + planner.backward_compute(i, sh) for sh in cands[i])
-        for i in range(n)
     )
-    weights, stash = memory_floors(seg, planner.flow, devices, state)
-    lower = StageOption(None, 0.0, least, 0.0, weights + stash, stash)
-    return TrainingPair(_pareto(upper), [lower], False, [*sources, "least compute"])
 
 
-def memory_floors(seg: Segment, flow: GradientFlow, devices: int, state: float):
-    """Bytes per device no strategy goes below (docs/training.md): each weight split over
-    every device (a trainable one with ``state`` bytes of training state per byte, ZeRO-1
-    included), and each operator output (kept for the backward) likewise."""
-    sm = seg.sm
-    weights = {t for op in sm.ops for t in op.data_inputs if t in sm.consts}
-    w = sum(tensor_bytes(sm, t) * (state if t in flow.trainable else 1.0) for t in weights)
-    outs = sum(tensor_bytes(sm, t) for op in sm.ops for t in op.outputs)
-    return w / devices, outs / devices
+def heuristic_options(planner: Planner, devices: int) -> list[StageOption]:
+    """The plans of data parallel, Megatron and propagation (one on one device), priced."""
+    fwd = forward_planner(planner)
+    names = list(HEURISTICS) if devices > 1 else list(HEURISTICS)[:1]
+    return _pareto([price_option(planner, HEURISTICS[n](planner, {}), fwd) for n in names])
+
+
+@dataclass(frozen=True)
+class WholePrices:
+    """Per operator of the whole model on one sub-mesh, as prefix sums: the least forward +
+    backward compute over its shardings, the weight bytes (with their training state) it reads
+    first and the backward table's stash it keeps first (whole tensors), and its number of
+    shardings. A segment's lower option comes from differences of these."""
+
+    least: np.ndarray
+    weights: np.ndarray
+    stash: np.ndarray
+    shardings: np.ndarray
+
+    def lower(self, a: int, b: int, devices: int) -> StageOption:
+        """A lower bound on every strategy of ops a..b-1 (docs/training.md): the least compute,
+        no synchronisation, the weights and the stash split over every device."""
+        time = float(self.least[b] - self.least[a])
+        weights = float(self.weights[b] - self.weights[a]) / devices
+        return StageOption(
+            None, 0.0, time, 0.0, weights, float(self.stash[b] - self.stash[a]) / devices
+        )
+
+    def combinations(self, a: int, b: int) -> float:
+        return float(np.prod(self.shardings[a:b].astype(float)))
+
+
+def whole_prices(planner: Planner, state: float) -> WholePrices:
+    """:class:`WholePrices` of the whole model's training planner on one sub-mesh."""
+    sm = planner.sm
+    n = len(sm.ops)
+    least, weights, shardings = np.zeros(n), np.zeros(n), np.zeros(n)
+    seen: set[str] = set()
+    for i, op in enumerate(sm.ops):
+        cands = planner.candidates(i)
+        shardings[i] = len(cands)
+        least[i] = min(
+            planner.compute_time(i, sh) + planner.backward_compute(i, sh) for sh in cands
+        )
+        for t in op.data_inputs:
+            if t in sm.consts and t not in seen:
+                seen.add(t)
+                weights[i] += tensor_bytes(sm, t) * (state if t in planner.flow.trainable else 1.0)
+    whole = [planner.candidates(i)[0] for i in range(n)]  # replicated first: whole tensors
+    stash = stash_per_op(planner, whole)
+    return WholePrices(
+        *(np.concatenate([[0.0], np.cumsum(x)]) for x in (least, weights, stash)), shardings
+    )
 
 
 # ---------------------------------------------------------------------- the exact cost
@@ -268,40 +350,56 @@ def _iteration_time(spec: TrainingSpec, times, syncs) -> float:
 # ---------------------------------------------------------------------- the search
 class TrainingSearch:
     """The joint space of :class:`JointSearch` (cut points, sub-meshes, transfers) priced for
-    training, and the dynamic programme over stages."""
+    training, and the dynamic programme over stages. A pair (segment, sub-mesh) with at most
+    ``EVERY_COMBINATION_UP_TO`` strategy combinations is priced by all of them (upper = lower,
+    exact); a bigger one gets its lower option from :class:`WholePrices` at once and its
+    heuristic plans only when the programme needs them."""
 
     def __init__(self, search: JointSearch, spec: TrainingSpec):
         self.search, self.spec = search, spec
         self.flow = gradient_flow(search.sm)
-        self.pairs: dict[tuple[int, int, int], TrainingPair] = {}
-        self.cache: dict[tuple, TrainingPair] = {}
-        self.exact = True  # every pair priced by every combination
+        self.wholes: dict[tuple, WholePrices] = {}
+        self.cache: dict[tuple, list[StageOption]] = {}  # by (exact?, signature, mesh)
+        self.exact = True  # every pair the lower programme used was priced exactly
+        self.cap = math.inf  # the best T known: pairs that cannot beat it stay unpriced
 
-    def pair(self, ia: int, ib: int, m: int) -> TrainingPair:
-        key = (ia, ib, m)
-        got = self.pairs.get(key)
+    def whole(self, m: int) -> WholePrices:
+        s = self.search
+        key = s.mesh_key(m)
+        got = self.wholes.get(key)
         if got is None:
-            s = self.search
-            seg = s.segment(s.cuts[ia], s.cuts[ib])
-            grads = tuple(t in self.flow.needs_grad for t in seg.inputs)
-            ckey = (seg.signature, grads, s.mesh_key(m))
-            got = self.cache.get(ckey)
-            if got is None:
-                mesh = s.meshes[m]
-                planner = training_planner(
-                    seg,
-                    s.cluster,
-                    mesh.devices,
-                    mesh.mesh.shape,
-                    self.spec.optimizer_state,
-                    self.flow,
-                )
-                got = self.cache[ckey] = price_pair(
-                    planner, seg, mesh.size, self.spec.optimizer_state
-                )
-                self.exact = self.exact and got.exact
-                s.note_pricing(len(self.cache))
-            self.pairs[key] = got
+            mesh = s.meshes[m]
+            sub = sub_cluster(s.cluster, mesh.devices)
+            planner = Planner(s.sm, mesh.mesh, sub, ShardTraining(self.spec.optimizer_state))
+            got = self.wholes[key] = whole_prices(planner, self.spec.optimizer_state)
+        return got
+
+    def small(self, ia: int, ib: int, m: int) -> bool:
+        s = self.search
+        return self.whole(m).combinations(s.cuts[ia], s.cuts[ib]) <= EVERY_COMBINATION_UP_TO
+
+    def options(self, ia: int, ib: int, m: int, upper: bool) -> list[StageOption]:
+        """The pair's options: exact for a small pair; else its heuristic plans (upper) or its
+        lower option."""
+        s = self.search
+        a, b = s.cuts[ia], s.cuts[ib]
+        small = self.small(ia, ib, m)
+        if not upper and not small:
+            self.exact = False
+            return [self.whole(m).lower(a, b, s.meshes[m].size)]
+        seg = s.segment(a, b)
+        grads = tuple(t in self.flow.needs_grad for t in seg.inputs)
+        key = (small, seg.signature, grads, s.mesh_key(m))
+        got = self.cache.get(key)
+        if got is None:
+            mesh = s.meshes[m]
+            state = self.spec.optimizer_state
+            planner = training_planner(
+                seg, s.cluster, mesh.devices, mesh.mesh.shape, state, self.flow
+            )
+            got = every_combination(planner) if small else heuristic_options(planner, mesh.size)
+            self.cache[key] = got
+            s.note_pricing(len(self.cache))
         return got
 
     def count(self, qkey: int) -> float:
@@ -315,25 +413,28 @@ class TrainingSearch:
 
     def fitting(self, ia, ib, m, qkey, upper: bool) -> list[StageOption]:
         """The options of a pair that fit its memory limit with ``qkey``'s in-flight count."""
-        pc = self.pair(ia, ib, m)
         limit = self.search.limit(self.search.meshes[m])
         c = self.count(qkey)
-        opts = pc.upper if upper else pc.lower
+        opts = self.options(ia, ib, m, upper)
         if limit is None:
             return opts
         return [o for o in opts if o.memory(c) <= limit * (1 + CAPACITY_SLACK)]
 
     def dp(self, upper: bool, cap: float = math.inf, deadline: float = math.inf):
-        """The least T over the space (upper or lower prices), stages built from the last one
-        with Pareto labels. Returns (value, path of (start, end, sub-mesh, option)); labels
-        whose T is already >= ``cap`` are dropped (value ``cap``: none below it)."""
+        """The least T below ``cap`` over the space (upper or lower prices), stages built from
+        the last one with Pareto labels. Returns (value, path of (start, end, sub-mesh,
+        option)); ``cap`` and an empty path when no plan is below ``cap``."""
         s = self.search
         last = len(s.cuts) - 1
         first_key = 0 if self.spec.schedule == "gpipe" else 1
         labels: dict[tuple, list[_Label]] = {}
         best: list = [cap, None]
+        a, b = self.spec.time_weights
         for ia in range(last):
             for m in range(len(s.meshes)):
+                low = self.least_time(ia, last, m, first_key, upper)
+                if low is None or (a + b) * low >= best[0]:
+                    continue  # no option of this pair fits, or none can beat ``best``
                 for o in self.fitting(ia, last, m, first_key, upper):
                     lab = _Label(0.0, 0.0, o.sync, o.time, (ia, last, m, first_key), o, None)
                     self._add(labels, lab, best)
@@ -344,21 +445,36 @@ class TrainingSearch:
                 self._extend(state, labels.pop(state), labels, best, upper)
         return best[0], _path(best[1], s)
 
+    def least_time(self, ia, ib, m, qkey, upper: bool) -> float | None:
+        """A lower bound on the program time of every option of the pair that fits (None: none
+        fits), from its lower options (without pricing a big pair's heuristics)."""
+        del upper  # the same bound serves both programmes
+        return min((o.time for o in self.fitting(ia, ib, m, qkey, False)), default=None)
+
     def _extend(self, state, here: list[_Label], labels, best, upper: bool) -> None:
-        """Every stage before ``state``'s, on a sub-mesh earlier in cluster order."""
+        """Every stage before ``state``'s, on a sub-mesh earlier in cluster order; a big pair's
+        heuristics are priced only when its lower option could beat ``best``."""
         s = self.search
         ib, ic, m2, qkey = state
         key = self.next_key(qkey)
+        a, b = self.spec.time_weights
         for ia in range(ib):
             for m in range(len(s.meshes)):
                 if s.meshes[m].end > s.meshes[m2].start:
                     continue
-                opts = self.fitting(ia, ib, m, key, upper)
-                if not opts:
+                low = self.least_time(ia, ib, m, key, upper)
+                if low is None:
                     continue
                 x, out_r, in_s = s.io(ia, ib, ic, m, m2, upper)
-                for lab in here:
-                    t = lab.partial + 2 * (x + in_s)
+                times = [lab.partial + 2 * (x + in_s) for lab in here]
+                least = low + 2 * (x + out_r)
+                if all(
+                    a * (lab.total + t + least) + b * max(lab.worst, t, least) + lab.sync >= best[0]
+                    for lab, t in zip(here, times, strict=True)
+                ):
+                    continue
+                opts = self.fitting(ia, ib, m, key, upper)
+                for lab, t in zip(here, times, strict=True):
                     total, worst = lab.total + t, max(lab.worst, t)
                     for o in opts:
                         partial = o.time + 2 * (x + out_r)
@@ -426,9 +542,13 @@ def plan_joint_training(
     dims: dict[str, int] | None = None,
     space: str = "joint",
     progress=None,
+    *,
+    cut_stride: int = 1,
 ) -> JointPlan:
     """The least-T joint training plan of the ``space`` (module docstring) with its bound.
-    Raises :class:`MtppError` when no plan of the space fits the memory."""
+    ``cut_stride`` k > 1 keeps every k-th inner cut point only (a smaller space, stated in
+    ``bound_space``: in a Llama-shaped model 2 keeps the layer boundaries). Raises
+    :class:`MtppError` when no plan of the space fits the memory."""
     t0 = time.perf_counter()
     check_training_spec(spec)
     if space not in SPACES:
@@ -441,22 +561,75 @@ def plan_joint_training(
     sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
     deadline = _clock() - (time.perf_counter() - t0) + time_limit
     search = JointSearch(sm, cluster, memory, space, deadline, progress, 0)
+    search.cuts = thinned(search.cuts, cut_stride)
     ts = TrainingSearch(search, spec)
-    incumbent = _upper_plan(ts, progress)
+    incumbent = _upper_plan(ts, _first_plan(ts, progress), progress)
     if incumbent is None:
         raise _no_plan(space, ts, memory)
-    stages, training = incumbent
-    lower, stats = _lower_bound(ts, training.iteration_time, deadline, progress)
-    return _finish(ts, stages, training, lower, stats, model, t0)
+    lower, stats = _lower_bound(ts, incumbent.training.iteration_time, deadline, progress)
+    return _finish(ts, incumbent, lower, stats, model, t0, cut_stride)
 
 
-def _upper_plan(ts: TrainingSearch, progress):
-    """The upper programme's plan re-priced exactly, or None when no plan fits."""
+@dataclass(frozen=True)
+class _Incumbent:
+    """A plan of the space, priced exactly."""
+
+    stages: list[Stage]
+    training: JointTraining
+
+
+def thinned(cuts: list[int], stride: int) -> list[int]:
+    """The first and last cut points and every ``stride``-th inner one."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise MtppError(f"the cut stride must be a whole number >= 1, got {stride!r}")
+    inner = cuts[1:-1][stride - 1 :: stride]
+    return [cuts[0], *inner, cuts[-1]] if len(cuts) > 1 else list(cuts)
+
+
+def _first_plan(ts: TrainingSearch, progress) -> _Incumbent | None:
+    """The best tiled plan: for each sub-mesh shape, as many stages as its sub-meshes tile the
+    cluster (or cut intervals allow), on them in order, the cut points shared out evenly, each
+    stage with its fastest priced option that fits. Its T caps the programmes."""
     if progress is not None:
-        progress.note("pricing stages for training (upper programme)")
-    value, path = ts.dp(upper=True)
-    if not path:
-        return None
+        progress.note("first plans: even splits on tiled sub-meshes")
+    best = None
+    for path in _tiled_paths(ts):
+        got = _priced(ts, path)
+        if got is not None and (best is None or got.training.iteration_time < best_t(best)):
+            best = got
+    return best
+
+
+def best_t(inc: _Incumbent) -> float:
+    return inc.training.iteration_time
+
+
+def _tiled_paths(ts: TrainingSearch):
+    """The paths of :func:`_first_plan` (each stage as (start, end, sub-mesh, option))."""
+    s = ts.search
+    intervals = len(s.cuts) - 1
+    for shape in sorted({(m.size, m.mesh.shape) for m in s.meshes}):
+        tiles, end = [], 0
+        for i, m in sorted(enumerate(s.meshes), key=lambda im: im[1].start):
+            if (m.size, m.mesh.shape) == shape and m.start >= end:
+                tiles.append(i)
+                end = m.end
+        p = min(len(tiles), intervals)
+        bounds = [j * intervals // p for j in range(p + 1)]
+        path = []
+        for i in range(p):
+            qkey = 0 if ts.spec.schedule == "gpipe" else min(p - i, ts.spec.microbatches)
+            opts = ts.fitting(bounds[i], bounds[i + 1], tiles[i], qkey, True)
+            if not opts:
+                break
+            o = min(opts, key=lambda o: (o.time, o.sync))
+            path.append((s.cuts[bounds[i]], s.cuts[bounds[i + 1]], tiles[i], o))
+        if len(path) == p:
+            yield path
+
+
+def _priced(ts: TrainingSearch, path) -> _Incumbent | None:
+    """A path priced exactly (None when a stage is over its memory limit)."""
     s = ts.search
     specs = [
         StageSpec(
@@ -469,11 +642,24 @@ def _upper_plan(ts: TrainingSearch, progress):
         for a, b, m, o in path
     ]
     stages, training, over = price_training_stages(s.sm, s.cluster, specs, s.memory, ts.spec)
-    if over is not None or training.iteration_time > value * (1 + 1e-9) + 1e-15:
-        raise InvalidBoundError(f"a joint training plan re-priced above its programme: {over}")
+    return None if over is not None else _Incumbent(stages, training)
+
+
+def _upper_plan(ts: TrainingSearch, first: _Incumbent | None, progress) -> _Incumbent | None:
+    """The upper programme's plan below the first plan's T, re-priced exactly (else the first
+    plan); None when no plan fits."""
     if progress is not None:
-        progress.update(training.iteration_time, None, None)
-    return stages, training
+        progress.note("pricing stages for training (upper programme)")
+    cap = math.inf if first is None else best_t(first)
+    value, path = ts.dp(upper=True, cap=cap)
+    if not path:
+        return first
+    got = _priced(ts, path)
+    if got is None or best_t(got) > value * (1 + 1e-9) + 1e-15:
+        raise InvalidBoundError("a joint training plan re-priced above its programme's value")
+    if progress is not None:
+        progress.update(best_t(got), None, None)
+    return got
 
 
 def _lower_bound(ts: TrainingSearch, upper: float, deadline: float, progress):
@@ -481,12 +667,13 @@ def _lower_bound(ts: TrainingSearch, upper: float, deadline: float, progress):
     the deadline stops it."""
     if progress is not None:
         progress.note("lower programme")
-    stats = {"every_combination": ts.exact, "priced_pairs": len(ts.cache)}
+    stats: dict = {}
     try:
         value, _ = ts.dp(upper=False, cap=upper, deadline=deadline)
     except _Expired:
         stats["stopped"] = True
-        return 0.0, stats
+        value = 0.0
+    stats.update(every_combination=ts.exact, priced_pairs=len(ts.cache))
     return min(value, upper), stats
 
 
@@ -504,14 +691,20 @@ def _no_plan(space: str, ts: TrainingSearch, memory) -> MtppError:
     )
 
 
-def _finish(ts: TrainingSearch, stages, training, lower, stats, model, t0) -> JointPlan:
+def _finish(ts: TrainingSearch, inc: _Incumbent, lower, stats, model, t0, stride) -> JointPlan:
     s = ts.search
+    stages, training = inc.stages, inc.training
     T = training.iteration_time
     verdict = certify("joint training", T, [lower], proven=True)
     stats.update(cut_points=len(s.cuts), sub_meshes=len(s.meshes), segments=len(s.segments))
-    space = describe_space(s) + (
-        f"; trained with {ts.spec.schedule}, m = {ts.spec.microbatches}, every stage's "
-        "synchronised weights with ZeRO-1's memory"
+    kept = "" if stride == 1 else f" (every {stride}-th such position only)"
+    space = (
+        describe_space(s)
+        + kept
+        + (
+            f"; trained with {ts.spec.schedule}, m = {ts.spec.microbatches}, every stage's "
+            "synchronised weights with ZeRO-1's memory"
+        )
     )
     return JointPlan(
         getattr(getattr(s.sm.model, "graph", None), "name", "") or "model",
@@ -552,13 +745,13 @@ def training_lines(plan: JointPlan) -> list[str]:
 
 __all__ = [
     "StageOption",
-    "TrainingPair",
     "TrainingSearch",
     "check_training_spec",
-    "memory_floors",
     "plan_joint_training",
     "price_option",
-    "price_pair",
+    "WholePrices",
+    "every_combination",
+    "heuristic_options",
     "price_training_stages",
     "training_lines",
 ]

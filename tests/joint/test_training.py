@@ -120,7 +120,7 @@ def brute_force(sm, cluster, spec: TrainingSpec, memory=None, space="joint") -> 
                         [
                             o
                             for o in cache[key]
-                            if memory is None or o.base + (inflight[i] - 1) * o.stash <= memory
+                            if memory is None or o.base + inflight[i] * o.stash <= memory
                         ]
                     )
                 for choice in itertools.product(*per_stage):
@@ -229,8 +229,8 @@ def test_price_of_a_two_stage_plan_by_hand():
     assert [r.time for r in tr.stages] == pytest.approx(t, rel=1e-12)
     assert tr.iteration_time == pytest.approx(sum(t) + 3 * max(t) + max(o0.sync, o1.sync))
     assert [r.inflight for r in tr.stages] == [2.0, 1.0]
-    assert tr.stages[0].memory == pytest.approx(o0.base + o0.stash)
-    assert tr.stages[1].memory == pytest.approx(o1.base)
+    assert tr.stages[0].memory == pytest.approx(o0.base + 2 * o0.stash)
+    assert tr.stages[1].memory == pytest.approx(o1.base + o1.stash)
     assert stages[0].io_out == pytest.approx(x) and stages[1].io_in == pytest.approx(x)
     # a data-parallel MatMul on 2 devices holds its weight gradient as partial sums: it syncs
     sync_free = {op.name: p1.candidates(0)[0].strategy for op in seg1.sm.ops}  # replicated
@@ -264,7 +264,11 @@ def test_one_stage_on_one_device_is_the_sharding_training_program():
     _, tr, _ = jt.price_training_stages(sm, c, [StageSpec(0, 3, (0,), (1,), chosen)], None, spec)
     prog = evaluate(Planner(sm, planner.mesh, planner.cluster, ShardTraining(4.0)), chosen)
     assert tr.iteration_time == pytest.approx(3 * prog.objective)
-    assert tr.stages[0].memory == pytest.approx(prog.memory_per_device + 2 * tr.stages[0].stash)
+    forward = evaluate(Planner(sm, planner.mesh, planner.cluster), chosen)
+    base = prog.weight_memory + forward.peak_activation_memory
+    assert tr.stages[0].memory == pytest.approx(base + 3 * tr.stages[0].stash)
+    # the stash is the backward table's: MatMul keeps x (w1 has a gradient) and h2, Relu h2
+    assert tr.stages[0].stash == pytest.approx(2 * 4 * 6 * 4)
 
 
 # ---------------------------------------------------------------------- the command line
