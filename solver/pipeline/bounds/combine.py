@@ -12,7 +12,8 @@ from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
-from solver.pipeline.bounds.decision import decision_bound, work_packing_bound
+from solver.pipeline.bounds.decision import decision_bound, decision_io_bound, work_packing_bound
+from solver.pipeline.bounds.forced_io import forced_io
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
@@ -27,6 +28,8 @@ IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with 
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
 NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
 NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
+DECISION_IO_SHARE = 0.1  # the decision bound with forced io: its share of the time limit ...
+DECISION_IO_MIN_SECONDS = 0.5  # ... and its least time (hulls once, then instant volume probes)
 SPINE_SHARE = 0.4  # the spine relaxations' share of the time limit ...
 SPINE_MIN_SECONDS = 1.0  # ... and their least time (a few probes of the io chain program)
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
@@ -127,6 +130,7 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
     "work io chain",
     "node block",
     "ideals",
+    "decision io",
     "spine chain io",
     "spine work io chain",
     "weights",
@@ -175,6 +179,7 @@ def certified_lower_bound(
         lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
         lambda: not early_io and _io_chains(run, g, it, cluster, k),
         lambda: not early_io and _node_block(run, g, cluster),
+        lambda: _decision_io(run, g, it, cluster, k),
         lambda: _spine(run, g, cluster, k),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
@@ -247,6 +252,27 @@ def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
         run.packing("node block", res.value)
     else:
         run.vals["node block"] = res.value
+
+
+def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
+    """The decision bound with the io every plan under T must pay (docs/bounds.md, "decision
+    io"): with an incumbent searched above the best bound so far and below it (a value that
+    proves nothing more is listed in ``skipped``); without one, above the universal bound."""
+    seconds = max(min(run.left() / 2, DECISION_IO_SHARE * run.time_limit), DECISION_IO_MIN_SECONDS)
+    fio = forced_io(coarse_view(g)[0], cluster)
+    if fio is None:
+        run.skipped["decision io"] = "no tensor to charge, or too many nodes"
+        return
+    loading = time.perf_counter()  # CP-SAT's module for the packing proofs: start-up, not bounds
+    import_cpsat()
+    run.t0 += time.perf_counter() - loading
+    fast = run.target is not None
+    lo = run.best if fast else run.vals["universal"]
+    value = decision_io_bound(it, fio, cluster, k, seconds, lo, run.target if fast else math.inf)
+    if fast:
+        run.packing("decision io", value)
+    else:
+        run.vals["decision io"] = value
 
 
 def _spine(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
