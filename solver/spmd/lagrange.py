@@ -31,7 +31,7 @@ import contextlib
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from solver.spmd.budget import (
 from solver.spmd.exact import DeadlineReached, LeastMemory, ShardModel
 from solver.spmd.program import Planner, evaluate
 from solver.spmd.rules import Strategy
+from solver.spmd.segment_dp import LAMBDA_FACTORS, SegmentProgramme, Unsupported
 
 MAX_TABLE = 20_000_000  # entries of the largest intermediate table variable elimination may build
 BUDGET_SHARE = 0.9  # share of the Lagrangian time the weight-budget bounds and their plans may take
@@ -70,6 +71,7 @@ class LagrangeResult:
     strategies: dict[str, Strategy] | None
     objective: float
     stats: dict
+    model_seconds: float = 0.0  # building the model's data (a full CP-SAT model takes longer)
 
 
 class _Problem:
@@ -183,22 +185,25 @@ def lagrange(
     t0 = time.perf_counter()
     try:
         search = _LagrangeSearch.build(planner, limit, pins, t0, time_limit)
+        model_seconds = time.perf_counter() - t0
         low = search.least_step_bytes() if search is not None and limit is not None else None
     except DeadlineReached:
         return None
     if search is None:
         return None
     if low is not None and low > limit:  # no plan fits: the least bytes at one step exceed it
-        return LagrangeResult(-math.inf, None, math.inf, {"least_memory_bound": low})
+        stats = {"least_memory_bound": low}
+        return LagrangeResult(-math.inf, None, math.inf, stats, model_seconds)
     try:
         _search(search.run, search.budget, limit, t0, time_limit, iterations)
     except DeadlineReached:
         if not math.isfinite(search.best_lb):
             return None
         search.stats["lagrange_stopped"] = "the time limit passed during variable elimination"
+    search.segment_plan()
     search.start_from_leanest()
     search.mix()
-    return search.result()
+    return replace(search.result(), model_seconds=model_seconds)
 
 
 @dataclass
@@ -222,6 +227,7 @@ class _LagrangeSearch:
         # the activation bytes the relaxed problem does not price (training prices them all)
         self.unpriced_floor = self.p_floor if planner.training is None else 0.0
         self.best_lb = -math.inf
+        self.best_lambda = 0.0  # the multiplier of the best Lagrangian bound
         self.best: _Found | None = None
         self.stats: dict = {}
         self.evaluated = 0
@@ -269,10 +275,10 @@ class _LagrangeSearch:
         """Bound at ``lam``; True when its plan fits the limit."""
         value, choice = self.prob.solve(lam, self.deadline)
         limit = self.limit
-        self.raise_bound(
-            value + (lam * (self.unpriced_floor - limit) if limit is not None else 0.0),
-            "lagrangian",
-        )
+        bound = value + (lam * (self.unpriced_floor - limit) if limit is not None else 0.0)
+        if bound > self.best_lb:
+            self.best_lambda = lam
+        self.raise_bound(bound, "lagrangian")
         strategies = self.strategies_of(choice)
         program = evaluate(self.planner, strategies)
         self.plans.append((strategies, program))
@@ -356,6 +362,29 @@ class _LagrangeSearch:
             self.plans.append((strategies, program))
 
     # ------------------------------------------------------------------ mixing, the result
+    def segment_plan(self) -> None:
+        """The dynamic programme over the segments (solver/spmd/segment_dp.py), its options
+        the minimisers of each segment at multiples of the best multiplier: a plan that fits
+        close to the Lagrangian bound when the limit binds (repeated layers mixed)."""
+        lam = self.best_lambda
+        if self.limit is None or lam <= 0 or self.proven() or time.perf_counter() > self.deadline:
+            return
+        t0 = time.perf_counter()
+        try:
+            programme = SegmentProgramme(
+                self.planner, self.model, self.prob, segments(self.planner)
+            )
+        except Unsupported:
+            return
+        found = None
+        if programme.build_options([lam * f for f in LAMBDA_FACTORS], self.deadline):
+            found = programme.plan(self.limit, self.deadline)
+        self.stats["segment_plan_seconds"] = round(time.perf_counter() - t0, 3)
+        if found is not None:
+            self.plans.append((found.strategies, found.program))
+            self.keep(found.objective, found.strategies)
+            self.stats["segment_plan"] = found.objective
+
     def start_from_leanest(self) -> None:
         """No plan fits yet (a limit near the least memory): the leanest plan starts the
         mixing."""

@@ -33,6 +33,10 @@ LAGRANGE_SHARE = 0.92  # share of the time limit the Lagrangian bound and mixing
 WINDOW_GAP = 0.01  # exact window solves start only when the best plan is this far from the bound
 WINDOW_SHARE = 0.8  # share of the time left after the bounds the window solves may take
 MEMORY_BOUND_SHARE = 0.25  # share of the time limit spent bounding an impossible memory limit
+# the CP-SAT model starts only with this many times the seconds the Lagrangian stage took to
+# build the model's data left (a full model takes longer; past its deadline it is not built)
+CPSAT_BUILD_FACTOR = 1.5
+FINISH_EVALUATIONS = 3  # ... and with the time of this many evaluations kept to finish after it
 WARM_STARTS = ("dp", "propagate", "megatron")  # the order they run in: the cheapest first
 TIE_ORDER = ("propagate", "dp", "megatron")  # equal times: the first of these is kept
 
@@ -81,6 +85,8 @@ class _ExactSearch:
         self.stats: dict = {}
         self.best: Candidate | None = None
         self.res: ExactResult | None = None
+        self.evaluate_seconds = 0.0  # the longest evaluation of a plan so far
+        self.model_seconds = 0.0  # building the model's data in the Lagrangian stage
 
     def note(self, text: str) -> None:
         if self.opts.progress is not None:
@@ -90,7 +96,10 @@ class _ExactSearch:
         return self.deadline - time.perf_counter()
 
     def candidate(self, name: str, strategies: dict[str, Strategy], program=None) -> Candidate:
-        program = program if program is not None else evaluate(self.planner, strategies)
+        if program is None:
+            t0 = time.perf_counter()
+            program = evaluate(self.planner, strategies)
+            self.evaluate_seconds = max(self.evaluate_seconds, time.perf_counter() - t0)
         return Candidate(program.objective, name, strategies, program)
 
     def warm_start_stats(self) -> dict:
@@ -116,6 +125,7 @@ class _ExactSearch:
         if lag is not None and "least_memory_bound" in lag.stats:  # no plan fits the limit
             raise self.refusal(max(1.0, self.left()))
         if lag is not None:
+            self.model_seconds = lag.model_seconds
             self.bound = max(self.bound, lag.lower_bound)
             self.lag_stats = {**lag.stats, "lagrange_lower_bound": lag.lower_bound}
             if lag.strategies is not None:
@@ -168,7 +178,7 @@ class _ExactSearch:
         self.note("building the CP-SAT model")
         opts = self.opts
         exact = ExactOptions(
-            time_limit=max(0.0, self.left()),
+            time_limit=self.cpsat_time(),
             workers=opts.workers,
             seed=opts.seed,
             log=opts.log,
@@ -193,13 +203,19 @@ class _ExactSearch:
             self.take(res)
         self.res = res
 
+    def cpsat_time(self) -> float:
+        """The seconds CP-SAT may take: the time left less the time to price its plan and
+        finish; 0 (not built) when that is too short to build its model."""
+        rest = self.left() - FINISH_EVALUATIONS * self.evaluate_seconds
+        return rest if rest > CPSAT_BUILD_FACTOR * self.model_seconds else 0.0
+
     def first_solve(self, exact: ExactOptions, upper: float | None) -> ExactResult:
         """The first CP-SAT solve (or why none ran) and the stats it starts."""
         if exact.time_limit > 0:
             starts = [h.strategies for h in self.fitting]
             res = solve_exact(self.planner, self.limit, self.pins, starts, exact, upper)
         else:
-            why = "the time limit passed before the CP-SAT model was built"
+            why = "too little of the time limit was left to build the CP-SAT model"
             res = ExactResult(None, -math.inf, NOT_BUILT, {"cpsat_status": NOT_BUILT, "note": why})
         self.stats = {**res.stats, **self.lag_stats}
         if res.cpsat_status == NOT_BUILT:
@@ -233,7 +249,7 @@ class _ExactSearch:
             return None
         best = self.best.objective
         gap = (best - self.bound) / best if best > 0 else 0.0
-        rest = self.left()
+        rest = self.cpsat_time()
         rounding = res.cpsat_status == "OPTIMAL" and gap > OPTIMALITY_TOL
         if not rounding or rest < 1.0 or (upper is not None and best >= upper):
             return None

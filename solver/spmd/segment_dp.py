@@ -1,0 +1,373 @@
+"""Plans under a memory limit from the layer structure: a dynamic programme over the chain of
+segments (:func:`solver.spmd.lagrange.segments`: stretches of the order separated by points
+where at most one activation is alive, a transformer's half layers).
+
+Each segment offers, for every choice of the operator whose output enters it and of the one
+whose output leaves it, the minimisers of time + lambda x bytes inside it for a few lambdas
+around the Lagrangian multiplier: their time, their bytes (weights and, in training, the
+outputs kept) and the largest copy set they make at one step. Identical segments (a model's
+repeated layers) are solved once. The programme picks one option per segment, the boundary
+choices agreeing, of least time whose bytes, rounded UP to a unit, fit the limit less the
+largest copy set of the options it may use. Every plan it returns is priced by ``evaluate``
+and kept only when it fits. Plans only: the options are a subset of the choices, so nothing
+here is a bound (a bound on a restricted problem is not a bound).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.spmd.program import Planner, evaluate
+
+DP_LEVELS = 4096  # the bytes above each segment's least are counted in this many units
+DP_RETRIES = 3  # budgets tried when a plan's exact memory breaks the limit
+# multiples of the Lagrangian multiplier whose minimisers each segment offers
+LAMBDA_FACTORS = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0, 3.0, 5.0)
+
+
+@dataclass
+class SegmentPlan:
+    """A plan of the dynamic programme that fits the limit: its time, strategies, program."""
+
+    objective: float
+    strategies: dict
+    program: object
+
+
+@dataclass(frozen=True)
+class SegmentOption:
+    """One assignment of a segment's free operators given the choices ``a`` of the operator
+    entering it and ``b`` of the one leaving it: its time, bytes and largest copy set."""
+
+    a: int
+    b: int
+    time: float
+    nbytes: float
+    copies: float
+    choice: tuple[int, ...]  # per operator of the segment's ``free`` list
+
+
+@dataclass
+class _Segment:
+    """A segment's operators with a choice (``free``), the operator whose output enters it and
+    the one whose output leaves it (None: one choice, or no activation crosses)."""
+
+    ops: range
+    free: list[int]
+    enter: int | None
+    leave: int | None
+    options: list[SegmentOption] = field(default_factory=list)
+
+
+@dataclass
+class _Elimination:
+    """Variable elimination of a segment down to its boundary variables: ``table`` over them
+    (the kept variables in order) and the trace to back-track the others."""
+
+    table: np.ndarray
+    keep: list[int]
+    trace: list
+
+
+class Unsupported(Exception):
+    """An edge enters a segment from an operator with a choice other than its entering one."""
+
+
+def crossing_producers(planner: Planner, segs: list[range]) -> list[int | None]:
+    """Per segment, the operator whose output is the one activation alive after it (None when
+    none is: the last segment)."""
+    last: dict[int, int] = {}
+    for v in range(len(planner.sm.ops)):
+        for u, _, _ in planner.in_edges[v]:
+            last[u] = max(last.get(u, -1), v)
+    ends = sorted(last.items())
+    out = []
+    for seg in segs:
+        p = seg.stop - 1
+        alive = [u for u, end in ends if u <= p < end]
+        out.append(alive[0] if len(alive) == 1 else None)
+    return out
+
+
+class SegmentProgramme:
+    """The segments of one relaxed problem (``prob``, a lagrange._Problem of the ShardModel
+    ``model``), their options, and the dynamic programme over them. Raises
+    :class:`Unsupported` when the segments do not chain through one operator's choice."""
+
+    def __init__(self, planner: Planner, model, prob, segs: list[range]) -> None:
+        self.planner, self.model, self.prob = planner, model, prob
+        sizes = prob.sizes
+        self.segments: list[_Segment] = []
+        enter = None
+        for seg, out in zip(segs, crossing_producers(planner, segs), strict=True):
+            free = [i for i in seg if sizes[i] > 1]
+            out = out if out is not None and sizes[out] > 1 else None
+            if out is not None and out not in free and out != enter:
+                raise Unsupported
+            self.segments.append(_Segment(seg, free, enter, out))
+            enter = out
+        self.where = np.empty(len(sizes), dtype=np.int64)
+        for j, s in enumerate(self.segments):
+            self.where[s.ops.start : s.ops.stop] = j
+        self.pairs: list[list] = [[] for _ in self.segments]  # time pairs by later operator
+        for (u, v), m in prob.pairs.items():
+            s = self.segments[self.where[v]]
+            if u not in s.ops and u != s.enter:
+                raise Unsupported
+            self.pairs[self.where[v]].append((u, v, m))
+        self.copies: dict[int, list] = {}  # step v -> (producer, copy bytes over both choices)
+        for u, v, a_of, b_of, _tm, mm in model.edges:
+            mat = np.asarray(mm, dtype=float)[np.ix_(a_of, b_of)]
+            if mat.any():
+                self.copies.setdefault(v, []).append((u, mat))
+        self.nbytes = [w + o for w, o in zip(prob.wbytes, prob.obytes, strict=True)]
+
+    # ------------------------------------------------------------------ options
+    def build_options(self, lambdas: list[float], deadline: float) -> bool:
+        """Every segment's options at ``lambdas`` (identical segments solved once); False
+        when ``deadline`` passed first."""
+        done: dict[bytes, list[SegmentOption]] = {}
+        for j, s in enumerate(self.segments):
+            if time.perf_counter() > deadline:
+                return False
+            key = self._key(j)
+            if key not in done:
+                done[key] = self._options(j, lambdas)
+            s.options = done[key]
+        return True
+
+    def _key(self, j: int) -> bytes:
+        """Equal keys: equal options (every array of the segment in its own numbering)."""
+        s, prob = self.segments[j], self.prob
+        h = hashlib.blake2b()
+        h.update(repr((len(s.ops), [self._rel(s, x) for x in (s.enter, s.leave)])).encode())
+        for i in s.ops:
+            for arr in (prob.unary[i], self.nbytes[i], self.model.step_unary[i]):
+                h.update(np.asarray(arr, dtype=float).tobytes())
+            for u, mat in self.copies.get(i, []):
+                h.update(repr(self._rel(s, u)).encode() + mat.tobytes())
+        for u, v, m in self.pairs[j]:
+            h.update(repr((self._rel(s, u), self._rel(s, v))).encode() + m.tobytes())
+        return h.digest()
+
+    @staticmethod
+    def _rel(s: _Segment, x: int | None):
+        if x is None:
+            return None
+        return x - s.ops.start if x in s.ops else ("enter" if x == s.enter else "fixed")
+
+    def _options(self, j: int, lambdas: list[float]) -> list[SegmentOption]:
+        """The minimisers of time + lambda x bytes per pair of boundary choices, each lambda,
+        the dominated ones dropped."""
+        s = self.segments[j]
+        found: dict[tuple, SegmentOption] = {}
+        for lam in lambdas:
+            elim = self._eliminate(j, lam)
+            for at in np.ndindex(*elim.table.shape):
+                if not math.isfinite(elim.table[at]):
+                    continue
+                choice = _backtrack(elim, at)
+                opt = self._priced(s, j, choice)
+                found.setdefault((opt.a, opt.b, opt.choice), opt)
+        return _pareto(list(found.values()))
+
+    def _eliminate(self, j: int, lam: float) -> _Elimination:
+        """Min over the segment's free operators other than its boundary ones of time +
+        lam x bytes, as a table over the boundary ones (enter first, then leave)."""
+        s, prob = self.segments[j], self.prob
+        keep = [x for x in dict.fromkeys((s.enter, s.leave)) if x is not None]
+        factors = [((i,), prob.unary[i] + lam * self.nbytes[i]) for i in s.free]
+        factors += [((u, v), m) for u, v, m in self.pairs[j]]
+        if s.enter is not None:
+            factors.append(((s.enter,), np.zeros(prob.sizes[s.enter])))
+        return _eliminate(factors, prob.sizes, keep)
+
+    def _priced(self, s: _Segment, j: int, choice: dict[int, int]) -> SegmentOption:
+        """The option of one assignment: exact time, bytes and largest copy set."""
+        prob = self.prob
+        t = sum(float(prob.unary[i][choice[i]]) for i in s.free)
+        t += sum(float(m[choice[u], choice[v]]) for u, v, m in self.pairs[j])
+        nbytes = sum(float(self.nbytes[i][choice[i]]) for i in s.free)
+        copies = 0.0
+        for v in s.ops:
+            cv = choice.get(v, 0)
+            c = float(self.model.step_unary[v][cv])
+            c += sum(float(mat[choice.get(u, 0), cv]) for u, mat in self.copies.get(v, []))
+            copies = max(copies, c)
+        a = choice[s.enter] if s.enter is not None else 0
+        b = choice[s.leave] if s.leave is not None else 0
+        return SegmentOption(a, b, t, nbytes, copies, tuple(choice[i] for i in s.free))
+
+    # ------------------------------------------------------------------ the programme
+    def plan(self, limit: float, deadline: float) -> SegmentPlan | None:
+        """The least-time choice of options that fits ``limit`` (bytes rounded up, beside the
+        largest copy set of the options), priced by evaluate; the budget shrinks by the excess
+        when the exact memory breaks the limit. None when none fits."""
+        budget = limit - self.fixed_bytes()
+        for _ in range(DP_RETRIES):
+            if budget <= 0 or time.perf_counter() > deadline:
+                return None
+            chosen = self.solve(budget, deadline)
+            if chosen is None:
+                return None
+            strategies = self.strategies(chosen)
+            program = evaluate(self.planner, strategies)
+            if program.memory_per_device <= limit:
+                return SegmentPlan(program.objective, strategies, program)
+            budget -= program.memory_per_device - limit
+        return None
+
+    def fixed_bytes(self) -> float:
+        """The bytes every choice of options holds whatever it is: the operators without a
+        choice, each segment's least, and the largest copy set of any option."""
+        copies = max((o.copies for s in self.segments for o in s.options), default=0.0)
+        least = sum(_least_bytes(s) for s in self.segments)
+        return copies + least + self.prob.wconst + self.prob.oconst
+
+    def strategies(self, chosen: Chosen) -> dict:
+        """The plan of one option per segment (the operators without a choice: their one)."""
+        choice = [0] * len(self.prob.sizes)
+        for s, opt in zip(self.segments, chosen.options, strict=True):
+            for i, c in zip(s.free, opt.choice, strict=True):
+                choice[i] = c
+        return {
+            op.name: self.model.cands[i][choice[i]].strategy
+            for i, op in enumerate(self.planner.sm.ops)
+        }
+
+    def solve(self, budget: float, deadline: float | None = None) -> Chosen | None:
+        """The dynamic programme over (boundary choice, units used): the least-time option per
+        segment whose bytes above the segments' least, each rounded up to budget /
+        DP_LEVELS, fit in DP_LEVELS units (a budget below a byte: a byte). None when nothing
+        fits, the budget is negative, or past ``deadline``."""
+        if budget < 0:
+            return None
+        unit = max(budget, 1.0) / DP_LEVELS
+        cost = np.full((1, DP_LEVELS + 1), math.inf)
+        cost[0, 0] = 0.0
+        args = []
+        for s in self.segments:
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
+            cost, arg, levels = _step(cost, s, unit, self.prob.sizes)
+            args.append((arg, levels))
+        if not np.isfinite(cost).any():
+            return None
+        b, level = np.unravel_index(int(np.argmin(cost)), cost.shape)
+        total = float(cost[b, level])
+        options = []
+        for s, (arg, levels) in zip(reversed(self.segments), reversed(args), strict=True):
+            o = int(arg[b, level])
+            options.append(s.options[o])
+            level -= levels[o]
+            b = s.options[o].a
+        return Chosen(total, options[::-1])
+
+
+@dataclass
+class Chosen:
+    """One option per segment (in order) and their time."""
+
+    time: float
+    options: list[SegmentOption]
+
+
+def _least_bytes(s: _Segment) -> float:
+    return min((o.nbytes for o in s.options), default=0.0)
+
+
+def _step(cost: np.ndarray, s: _Segment, unit: float, sizes: list[int]):
+    """One segment of the programme: the least time per (leaving choice, units) and the
+    option taken there (-1: none)."""
+    width = sizes[s.leave] if s.leave is not None else 1
+    top = cost.shape[1] - 1
+    new = np.full((width, top + 1), math.inf)
+    arg = np.full((width, top + 1), -1, dtype=np.int32)
+    least = _least_bytes(s)
+    levels = [max(0, math.ceil((o.nbytes - least) / unit - 1e-9)) for o in s.options]
+    for o, (opt, lev) in enumerate(zip(s.options, levels, strict=True)):
+        if lev > top or opt.a >= cost.shape[0]:
+            continue
+        cand = cost[opt.a, : top + 1 - lev] + opt.time
+        region = new[opt.b, lev:]
+        better = cand < region
+        region[better] = cand[better]
+        arg[opt.b, lev:][better] = o
+    return new, arg, levels
+
+
+def _pareto(options: list[SegmentOption]) -> list[SegmentOption]:
+    """Per pair of boundary choices, the options no other beats in time, bytes and copies."""
+    by_pair: dict[tuple[int, int], list[SegmentOption]] = {}
+    for o in sorted(options, key=lambda o: (o.time, o.nbytes, o.copies)):
+        kept = by_pair.setdefault((o.a, o.b), [])
+        if not any(k.nbytes <= o.nbytes and k.copies <= o.copies for k in kept):
+            kept.append(o)
+    return [o for kept in by_pair.values() for o in kept]
+
+
+def _eliminate(factors: list, sizes: list[int], keep: list[int]) -> _Elimination:
+    """Min-sum variable elimination of every variable of ``factors`` but ``keep`` (the one
+    whose table is smallest first)."""
+    by_var: dict[int, set[int]] = {}
+    table: dict[int, tuple] = dict(enumerate(factors))
+    for f, (sc, _) in table.items():
+        for y in sc:
+            by_var.setdefault(y, set()).add(f)
+    fid = len(factors)
+    trace = []
+
+    def width(x: int) -> int:
+        return math.prod(sizes[y] for y in {y for f in by_var[x] for y in table[f][0]})
+
+    heap = [(width(x), x) for x in by_var if x not in keep]
+    heapq.heapify(heap)
+    done: set[int] = set()
+    while heap:
+        w, x = heapq.heappop(heap)
+        if x in done:
+            continue
+        if w != width(x):
+            heapq.heappush(heap, (width(x), x))
+            continue
+        done.add(x)
+        fs = [table.pop(f) for f in sorted(by_var.pop(x))]
+        scope = sorted({y for sc, _ in fs for y in sc})
+        acc = _sum(fs, scope, sizes)
+        ax = scope.index(x)
+        rest = tuple(y for y in scope if y != x)
+        trace.append((x, rest, np.argmin(acc, axis=ax)))
+        table[fid] = (rest, np.min(acc, axis=ax))
+        for y in rest:
+            by_var[y] = {f for f in by_var[y] if f in table} | {fid}
+            if y not in keep:
+                heapq.heappush(heap, (width(y), y))
+        fid += 1
+    return _Elimination(_sum(list(table.values()), keep, sizes), keep, trace)
+
+
+def _sum(fs: list, scope: list[int], sizes: list[int]) -> np.ndarray:
+    """The sum of factors ``fs`` (scope, array) as one array over ``scope``."""
+    acc = np.zeros([sizes[y] for y in scope])
+    for sc, arr in fs:
+        order = sorted(range(len(sc)), key=lambda k: scope.index(sc[k]))
+        view = np.transpose(arr, order) if len(sc) > 1 else arr
+        shape = [1] * len(scope)
+        for y in sc:
+            shape[scope.index(y)] = sizes[y]
+        acc = acc + np.reshape(view, shape)
+    return acc
+
+
+def _backtrack(elim: _Elimination, at: tuple) -> dict[int, int]:
+    """The minimising choice of every eliminated variable with the kept ones at ``at``."""
+    choice = dict(zip(elim.keep, (int(x) for x in at), strict=True))
+    for x, rest, arg in reversed(elim.trace):
+        choice[x] = int(arg[tuple(choice[y] for y in rest)])
+    return choice

@@ -1,0 +1,139 @@
+"""The dynamic programme over segments (solver/spmd/segment_dp.py): its elimination down to
+the boundary operators and its choice of options against brute force, the exact pricing of
+its plans, identical layers solved once, and plans under a binding training memory limit."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+
+from models import sharding_examples as examples
+from solver.core.cluster import Cluster
+from solver.spmd.exact import ShardModel
+from solver.spmd.lagrange import _Problem, lagrange, segments
+from solver.spmd.mesh import make_mesh
+from solver.spmd.model import from_proto
+from solver.spmd.program import Planner, evaluate
+from solver.spmd.segment_dp import (
+    DP_LEVELS,
+    SegmentProgramme,
+    _backtrack,
+    _eliminate,
+    crossing_producers,
+)
+from solver.spmd.training import TrainingSpec
+
+CL4 = Cluster(
+    name="t4", devices=4, compute=1e12, link_bandwidth=1e10, memory_bandwidth=1e15, link_latency=0
+)
+TRAIN = TrainingSpec()
+
+
+def _planner(model) -> Planner:
+    return Planner(from_proto(model, {}), make_mesh((4,), CL4), CL4, TRAIN)
+
+
+def _programme(pl: Planner, lambdas) -> SegmentProgramme:
+    model = ShardModel(pl, None, {}, "time", build=False)
+    sp = SegmentProgramme(pl, model, _Problem(model), segments(pl))
+    assert sp.build_options(list(lambdas), time.perf_counter() + 60)
+    return sp
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_elimination_to_the_boundary_equals_brute_force(seed):
+    """Random unary and pairwise tables on 6 variables (a chain with random extra edges):
+    for every value of the two kept variables the table is the least sum over the others,
+    and the back-tracked choice attains it."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(x) for x in rng.integers(2, 4, size=6)]
+    factors = [((i,), rng.random(sizes[i])) for i in range(6)]
+    edges = {(i, i + 1) for i in range(5)} | {(0, 3), (2, 5)}
+    factors += [((u, v), rng.random((sizes[u], sizes[v]))) for u, v in sorted(edges)]
+    keep = [int(x) for x in rng.choice(6, size=2, replace=False)]
+    elim = _eliminate(factors, sizes, keep)
+
+    def total(choice):
+        return sum(float(arr[tuple(choice[y] for y in sc)]) for sc, arr in factors)
+
+    for at in itertools.product(range(sizes[keep[0]]), range(sizes[keep[1]])):
+        best = min(
+            total(c)
+            for c in itertools.product(*[range(n) for n in sizes])
+            if (c[keep[0]], c[keep[1]]) == at
+        )
+        assert elim.table[at] == pytest.approx(best, rel=1e-12)
+        choice = _backtrack(elim, at)
+        assert total([choice[i] for i in range(6)]) == pytest.approx(best, rel=1e-12)
+
+
+def _sequences(sp: SegmentProgramme):
+    """Every choice of one option per segment whose boundary choices agree."""
+    for combo in itertools.product(*[s.options for s in sp.segments]):
+        if all(b.a == a.b for a, b in zip(combo, combo[1:], strict=False)):
+            yield combo
+
+
+@pytest.mark.parametrize("share", [0.15, 0.4, 0.8])
+def test_programme_is_the_least_time_of_its_options_within_the_budget(share):
+    """A two-layer MLP in training (three one-operator segments): the programme's choice is
+    the least time over every agreeing sequence of options whose bytes above each segment's
+    least, rounded up to budget / DP_LEVELS, fit; its time plus the operators without a choice
+    is what evaluate prices its plan at."""
+    pl = _planner(examples.mlp(sizes=(8, 16, 8), batch=8))
+    sp = _programme(pl, [0.0, 1e-5, 1e-4, 1e-3])
+    assert [s.enter for s in sp.segments] == [None, 0, 1]
+    assert crossing_producers(pl, segments(pl)) == [0, 1, None]
+    least = [min(o.nbytes for o in s.options) for s in sp.segments]
+    spread = [
+        sum(o.nbytes for o in combo) - sum(least) for combo in _sequences(sp)
+    ]  # bytes above the least of every sequence
+    budget = share * max(spread)
+    unit = budget / DP_LEVELS
+    best = math.inf
+    for combo in _sequences(sp):
+        levels = sum(
+            max(0, math.ceil((o.nbytes - lo) / unit - 1e-9))
+            for o, lo in zip(combo, least, strict=True)
+        )
+        if levels <= DP_LEVELS:
+            best = min(best, sum(o.time for o in combo))
+    chosen = sp.solve(budget)
+    assert chosen.time == pytest.approx(best, rel=1e-12)
+    assert sum(o.time for o in chosen.options) == pytest.approx(chosen.time, rel=1e-12)
+    program = evaluate(pl, sp.strategies(chosen))
+    assert program.objective == pytest.approx(chosen.time + sp.prob.const, rel=1e-9)
+    assert sp.solve(-1.0) is None  # no room at all: no choice
+
+
+def test_identical_layers_share_their_options_and_the_plan_fits_a_binding_limit():
+    """A four-layer decoder in training: the segments of the middle layers are solved once
+    (the same options), and under a limit between the least memory and the unlimited
+    optimum's the programme's plan fits, is priced by evaluate, and is never below the
+    Lagrangian bound nor above the Lagrangian search's best plan."""
+    model = examples.transformer(
+        layers=4, batch=2, seq=16, hidden=32, heads=4, vocab=64, decoder=True
+    )
+    pl = _planner(model)
+    free = lagrange(pl, None, {}, 20.0)
+    fast = evaluate(pl, free.strategies)
+    lam = 0.5 * fast.objective / fast.memory_per_device
+    sp = _programme(pl, [lam * f for f in (0.0, 0.3, 1.0, 3.0, 10.0)])
+    segs = sp.segments
+    middle = [s for s in segs if len(s.ops) == len(segs[3].ops)]
+    assert len(middle) >= 3 and all(s.options is middle[1].options for s in middle[1:])
+    lean = [sp.solve(f * fast.memory_per_device) for f in (0.05, 0.1, 0.2, 0.4)]
+    leanest = min(evaluate(pl, sp.strategies(c)).memory_per_device for c in lean if c)
+    limit = 0.5 * (leanest + fast.memory_per_device)
+    assert leanest < limit < fast.memory_per_device
+    found = sp.plan(limit, time.perf_counter() + 60)
+    assert found is not None
+    assert found.program.memory_per_device <= limit
+    assert evaluate(pl, found.strategies).objective == found.objective
+    lag = lagrange(pl, limit, {}, 20.0)
+    assert lag.lower_bound <= found.objective * (1 + 1e-12)
+    assert found.objective >= fast.objective * (1 - 1e-12)
