@@ -55,7 +55,6 @@ from solver.spmd.mesh import mesh_on
 from solver.spmd.model import ShardModel, load_model
 from solver.spmd.patterns import data_parallel_plan, megatron_plan
 from solver.spmd.program import Planner, evaluate
-from solver.spmd.propagate import propagate
 from solver.spmd.redistribute import local_bytes
 from solver.spmd.strategy import Strategy
 from solver.spmd.training import GradientFlow, gradient_flow
@@ -65,7 +64,9 @@ JOINT_SCHEDULES = ("gpipe", "1f1b")
 EVERY_COMBINATION_UP_TO = (
     256  # a segment with at most this many strategy combinations is enumerated
 )
-HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan, "propagate": propagate}
+# a big pair's upper plans (Megatron's plan runs propagation for the operators it does not
+# place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
+HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
 _clock = time.perf_counter  # the deadline's clock (tests may replace it)
 
 
@@ -128,10 +129,17 @@ def forward_planner(planner: Planner) -> Planner:
     """The inference planner of the same segment and mesh (the forward's activation peak),
     sharing the caches that do not depend on training."""
     fwd = Planner(planner.sm, planner.mesh, planner.cluster)
-    for cache in ("_cache", "_cands", "_time"):  # a speed-up only: skipped if renamed
-        if isinstance(getattr(planner, cache, None), dict) and hasattr(fwd, cache):
-            setattr(fwd, cache, getattr(planner, cache))
+    share_caches(planner, fwd)
     return fwd
+
+
+def share_caches(source: Planner, target: Planner) -> None:
+    """Let ``target`` use ``source``'s shardings, candidates and compute times: they are keyed
+    by operator signature and strategy, equal on the same mesh (a speed-up only: skipped if
+    the caches are renamed)."""
+    for cache in ("_cache", "_cands", "_time"):
+        if isinstance(getattr(source, cache, None), dict) and hasattr(target, cache):
+            setattr(target, cache, getattr(source, cache))
 
 
 def price_option(planner: Planner, strategies: dict[str, Strategy], fwd: Planner | None = None):
@@ -243,8 +251,11 @@ class WholePrices:
             None, 0.0, time, 0.0, weights, float(self.stash[b] - self.stash[a]) / devices
         )
 
-    def combinations(self, a: int, b: int) -> float:
-        return float(np.prod(self.shardings[a:b].astype(float)))
+    def at_most(self, a: int, b: int, combinations: int) -> bool:
+        """Whether ops a..b-1 have at most ``combinations`` strategy combinations."""
+        if combinations < 1:
+            return False
+        return float(np.log(self.shardings[a:b]).sum()) <= math.log(combinations) + 1e-9
 
 
 def whole_prices(planner: Planner, state: float) -> WholePrices:
@@ -359,6 +370,7 @@ class TrainingSearch:
         self.search, self.spec = search, spec
         self.flow = gradient_flow(search.sm)
         self.wholes: dict[tuple, WholePrices] = {}
+        self.planners: dict[tuple, Planner] = {}  # the whole model's, per sub-mesh key
         self.cache: dict[tuple, list[StageOption]] = {}  # by (exact?, signature, mesh)
         self.exact = True  # every pair the lower programme used was priced exactly
         self.cap = math.inf  # the best T known: pairs that cannot beat it stay unpriced
@@ -372,11 +384,12 @@ class TrainingSearch:
             sub = sub_cluster(s.cluster, mesh.devices)
             planner = Planner(s.sm, mesh.mesh, sub, ShardTraining(self.spec.optimizer_state))
             got = self.wholes[key] = whole_prices(planner, self.spec.optimizer_state)
+            self.planners[key] = planner
         return got
 
     def small(self, ia: int, ib: int, m: int) -> bool:
         s = self.search
-        return self.whole(m).combinations(s.cuts[ia], s.cuts[ib]) <= EVERY_COMBINATION_UP_TO
+        return self.whole(m).at_most(s.cuts[ia], s.cuts[ib], EVERY_COMBINATION_UP_TO)
 
     def options(self, ia: int, ib: int, m: int, upper: bool) -> list[StageOption]:
         """The pair's options: exact for a small pair; else its heuristic plans (upper) or its
@@ -397,6 +410,7 @@ class TrainingSearch:
             planner = training_planner(
                 seg, s.cluster, mesh.devices, mesh.mesh.shape, state, self.flow
             )
+            share_caches(self.planners[s.mesh_key(m)], planner)
             got = every_combination(planner) if small else heuristic_options(planner, mesh.size)
             self.cache[key] = got
             s.note_pricing(len(self.cache))
@@ -597,6 +611,8 @@ def _first_plan(ts: TrainingSearch, progress) -> _Incumbent | None:
         got = _priced(ts, path)
         if got is not None and (best is None or got.training.iteration_time < best_t(best)):
             best = got
+    if progress is not None and best is not None:
+        progress.update(best_t(best), None, None)
     return best
 
 
