@@ -137,7 +137,7 @@ def _kept_reach(g: Graph, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
 
 
-def _owner_tensor(g: Graph, keep: np.ndarray) -> np.ndarray:
+def owner_tensor(g: Graph, keep: np.ndarray) -> np.ndarray:
     """Per node: the one tensor of a kept producer every removed node's inputs come from
     (through removed nodes owned by it), or -1 (kept nodes, and removed nodes that read two
     such tensors or none)."""
@@ -158,11 +158,11 @@ def _owner_tensor(g: Graph, keep: np.ndarray) -> np.ndarray:
     return owner
 
 
-def _wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
+def wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
     """Per tensor of a kept producer: the kept nodes it reaches by a wide detour (removed
     nodes owned by it, every tensor on the way at least as large as it), its own consumers
     left out."""
-    owner = _owner_tensor(g, keep)
+    owner = owner_tensor(g, keep)
     out: dict[int, set[int]] = {}
     for t in range(g.num_tensors):
         if not keep[g.t_producer[t]]:
@@ -175,7 +175,7 @@ def _wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
             if r in seen or owner[r] != t:
                 continue
             seen.add(r)
-            for t2 in _produced(g, r):
+            for t2 in produced_tensors(g, r):
                 if g.t_size[t2] < size:
                     continue
                 for c in g.t_cons[g.t_ptr[t2] : g.t_ptr[t2 + 1]].tolist():
@@ -189,7 +189,7 @@ def _wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
     return out
 
 
-def _produced(g: Graph, v: int) -> list[int]:
+def produced_tensors(g: Graph, v: int) -> list[int]:
     """The tensors node v produces."""
     cache = g.__dict__.get("_tensors_by_producer")  # the graph is immutable: built once
     if cache is None:
@@ -207,7 +207,7 @@ def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:
     new = np.full(g.n, -1, dtype=np.int64)
     new[kept] = np.arange(len(kept))
     es, ed = _kept_reach(g, keep)
-    detours = _wide_detours(g, keep)
+    detours = wide_detours(g, keep)
     sub = induced_subgraph(g, kept)  # tensors of kept producers, in their order
     t_kept = np.flatnonzero(keep[g.t_producer])
     rows, cols = [], []

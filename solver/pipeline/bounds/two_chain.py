@@ -40,11 +40,14 @@ from solver.pipeline.bounds.spine import (
     SpineSpans,
     heaviest_path,
     kept_nodes,
+    owner_tensor,
+    produced_tensors,
     spine_relaxation,
     spine_spans,
 )
 from solver.pipeline.bounds.spine_plan import pinned_labels
 from solver.pipeline.dp.two_chain import (
+    CreditGroup,
     TwoChains,
     TwoChainUnsupported,
     assignment_of,
@@ -140,9 +143,12 @@ def two_chain_bound(
     for budget in TWO_CHAIN_BUDGETS:
         if time.perf_counter() > deadline:
             break
-        spine = spine_relaxation(cg, relaxed_keep(split, budget))
+        keep = relaxed_keep(split, budget)
+        spine = spine_relaxation(cg, keep)
+        in_a = split.in_a[spine.kept]
+        credits = private_credits(cg, keep, in_a, cluster.link_bandwidth)
         try:
-            tc = two_chains(spine.graph, split.in_a[spine.kept], cluster.link_bandwidth, deadline)
+            tc = two_chains(spine.graph, in_a, cluster.link_bandwidth, deadline, credits)
         except TwoChainUnsupported as e:
             why = str(e)
             continue
@@ -152,6 +158,74 @@ def two_chain_bound(
         if meets_target(target, best.value):
             break
     return best if best.spine is not None or not why else TwoChainBound(0.0, None, why)
+
+
+def private_credits(
+    cg: Graph, keep: np.ndarray, in_a: np.ndarray, bandwidth: float
+) -> tuple[CreditGroup, ...]:
+    """The credit groups of the relaxation of ``cg`` keeping ``keep`` (``in_a``: A on the
+    kept nodes): per tensor t of A and kept reader c on B, the work of the removed nodes
+    *private* to c from t (each reads only t or their own, every tensor it produces is at
+    least as large as t and read only by c or by them), at most t's link time; a reader
+    with a removed node that feeds only it but breaks one of these rules gets none."""
+    new = np.full(cg.n, -1, dtype=np.int64)
+    new[keep] = np.arange(int(keep.sum()))
+    owner = owner_tensor(cg, keep)
+    private = _private_reader(cg, keep)
+    work: dict[tuple[int, int], float] = {}
+    broken: set[int] = set()
+    for r in np.flatnonzero(~keep & (private >= 0)).tolist():
+        c, t = int(private[r]), int(owner[r])
+        if t < 0 or not _private_link(cg, r, t, private, owner):
+            broken.add(c)
+            continue
+        work[(t, c)] = work.get((t, c), 0.0) + float(cg.work[r])
+    t_new = np.full(cg.num_tensors, -1, dtype=np.int64)
+    t_new[keep[cg.t_producer]] = np.arange(int(keep[cg.t_producer].sum()))
+    groups: dict[int, list[tuple[int, float]]] = {}
+    for (t, c), w in sorted(work.items()):
+        if c in broken or not in_a[new[cg.t_producer[t]]] or in_a[new[c]]:
+            continue
+        groups.setdefault(t, []).append((int(new[c]), min(w, float(cg.t_size[t]) / bandwidth)))
+    return tuple(
+        CreditGroup(int(t_new[t]), np.array([c for c, _ in v]), np.array([w for _, w in v]))
+        for t, v in groups.items()
+    )
+
+
+def _private_reader(cg: Graph, keep: np.ndarray) -> np.ndarray:
+    """Per removed node: the one kept node every tensor it produces leads to through removed
+    nodes (-1: none or several; kept nodes: -1)."""
+    out = np.full(cg.n, -1, dtype=np.int64)
+    for v in reversed(cg.topo_order.tolist()):
+        if keep[v]:
+            continue
+        ends = set()
+        for t in produced_tensors(cg, v):
+            for c in cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]].tolist():
+                ends.add(c if keep[c] else int(out[c]))
+        if len(ends) == 1 and -1 not in ends:
+            out[v] = ends.pop()
+    return out
+
+
+def _private_link(cg: Graph, r: int, t: int, private: np.ndarray, owner: np.ndarray) -> bool:
+    """Whether removed node r, owned by t and private to a reader, reads only t or tensors of
+    nodes private to the same reader and owned by t, and produces only tensors as large as t."""
+    for u in produced_tensors(cg, r):
+        if cg.t_size[u] < cg.t_size[t]:
+            return False
+    for u in _reads(cg, r).tolist():
+        p = int(cg.t_producer[u])
+        if u != t and (private[p] != private[r] or owner[p] != t):
+            return False
+    return True
+
+
+def _reads(cg: Graph, v: int) -> np.ndarray:
+    """The tensors node v consumes."""
+    tensor_of = np.repeat(np.arange(cg.num_tensors), np.diff(cg.t_ptr))
+    return tensor_of[cg.t_cons == v]
 
 
 def _largest_infeasible(
@@ -190,11 +264,17 @@ class TwoChainPlan:
 
 
 def two_chain_plan(
-    g: Graph, cluster: Cluster, k: int, time_limit: float, upper: float = math.inf
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    time_limit: float,
+    upper: float = math.inf,
+    lower: float = 0.0,
 ) -> TwoChainPlan | None:
     """The best plan below ``upper`` of the DP on the pinned graphs (one per budget of
     TWO_CHAIN_BUDGETS, the removed nodes merged into the node they feed), found within
-    ``time_limit``: bisection on T, each feasible T's plan priced by the evaluator."""
+    ``time_limit``: bisection on T from ``lower`` (a proven bound: no plan is below it), each
+    feasible T's plan priced by the evaluator."""
     deadline = time.perf_counter() + time_limit
     cg, labels = coarse_view(g)
     split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
@@ -213,7 +293,7 @@ def two_chain_plan(
         except TwoChainUnsupported:
             continue
         bar = upper if best is None else min(upper, best.value)
-        found = _least_feasible(g, cluster, k, tc, pin[labels], bar, deadline)
+        found = _least_feasible(g, cluster, k, tc, pin[labels], (lower, bar), deadline)
         if found is not None and (best is None or found.value < best.value):
             best = found
     return best
@@ -225,13 +305,15 @@ def _least_feasible(
     k: int,
     tc: TwoChains,
     to_pinned: np.ndarray,
-    upper: float,
+    between: tuple[float, float],
     deadline: float,
 ) -> TwoChainPlan | None:
     """Bisection on T for the DP's plans on the pinned graph (``to_pinned``: each original
-    node's pinned node), each priced on ``g``; the best one below ``upper``."""
+    node's pinned node), each priced on ``g``; the best one below the upper end of
+    ``between`` (a proven bound and a known plan's cost)."""
     srt = sorted_partial(tc)
-    lo, hi = 0.0, upper if math.isfinite(upper) else _top(tc)
+    lower, upper = between
+    lo, hi = lower, upper if math.isfinite(upper) else _top(tc)
     best: TwoChainPlan | None = None
     while time.perf_counter() < deadline:
         t = hi / (1 + TARGET_BAND) if best is None and math.isfinite(upper) else 0.5 * (lo + hi)

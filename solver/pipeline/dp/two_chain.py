@@ -194,11 +194,30 @@ class TwoChains:
     sub_a: np.ndarray
 
 
-def two_chains(g: Graph, in_a: np.ndarray, bandwidth: float, deadline: float) -> TwoChains:
-    """The tables of the DP for ``g`` split into A (``in_a``, a down-set) and the rest B.
-    Raises :class:`TwoChainUnsupported` when A is not a down-set, a tensor is read by a node
-    that is not after it in order, a chain has too many ideals, or a B-ideal that needs only
-    part of A holds a reader of a tensor of A."""
+@dataclass(frozen=True)
+class CreditGroup:
+    """Readers of one tensor of A (``tensor``) on B, each credited ``credit`` seconds: the
+    work of the nodes a relaxation removed that feed only it from that tensor, at most the
+    tensor's link time (docs/bounds.md, "two chain": a block holding a reader pays that
+    work or receives a tensor as large instead)."""
+
+    tensor: int
+    readers: np.ndarray
+    credit: np.ndarray
+
+
+def two_chains(
+    g: Graph,
+    in_a: np.ndarray,
+    bandwidth: float,
+    deadline: float,
+    credits: tuple[CreditGroup, ...] = (),
+) -> TwoChains:
+    """The tables of the DP for ``g`` split into A (``in_a``, a down-set) and the rest B, with
+    the ``credits`` of a relaxation added to the blocks holding their readers. Raises
+    :class:`TwoChainUnsupported` when A is not a down-set, a tensor is read by a node that is
+    not after it in order, a chain has too many ideals, or a B-ideal that needs only part of
+    A holds a reader of a tensor of A."""
     _check_split(g, in_a)
     a_nodes, b_nodes = np.flatnonzero(in_a), np.flatnonzero(~in_a)
     a_ids = chain_ideals(induced_subgraph(g, a_nodes), deadline)
@@ -223,16 +242,54 @@ def two_chains(g: Graph, in_a: np.ndarray, bandwidth: float, deadline: float) ->
         raise TwoChainUnsupported("a B-ideal beside A holds a reader of a tensor of A")
     f_a = _chain_costs(a_ids, _tensor_side(g, a_ids, a_nodes, own_a, bandwidth), sub_a)
     f_b = _chain_costs(b_ids, _tensor_side(g, b_ids, b_nodes, own_b, bandwidth), sub_b)
+    enter = _cross_enter(xa, xb, f_a[:, -1])
+    after = f_b + _cross_after(xb, sub_b)
+    for group in credits:
+        credited = _credited(g, group, (a_nodes, a_ids), (b_nodes, b_ids), bandwidth)
+        enter += credited.enter
+        after += credited.after
     return TwoChains(
-        a_nodes, b_nodes, a_ids, b_ids,
-        f_a + _cross_below(xa, sub_a),
-        f_b,
-        _cross_enter(xa, xb, f_a[:, -1]),
-        f_b + _cross_after(xb, sub_b),
-        valid,
-        partial,
-        sub_a,
+        a_nodes, b_nodes, a_ids, b_ids, f_a + _cross_below(xa, sub_a), f_b, enter, after,
+        valid, partial, sub_a,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Credited:
+    """A credit group's seconds added to ``enter`` and ``after``."""
+
+    enter: np.ndarray
+    after: np.ndarray
+
+
+def _credited(g: Graph, group: CreditGroup, a_side: tuple, b_side: tuple, bandwidth: float):
+    """The credit of ``group`` per block: the readers' credits when the tensor's producer is
+    in the block or another reader of it is (the block pays the tensor or a receive of its own
+    besides them); else their sum, at most the tensor's link time per reader beyond the
+    first (the block may receive, per reader, a tensor as large as it instead)."""
+    (a_nodes, a_ids), (b_nodes, b_ids) = a_side, b_side
+    t = group.tensor
+    seconds = float(g.t_size[t]) / bandwidth
+    cons = g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]]
+    others = np.setdiff1d(cons, group.readers)
+    b_pos = np.searchsorted(b_nodes, group.readers)
+    if not np.array_equal(b_nodes[b_pos], group.readers):
+        raise TwoChainUnsupported("a credited reader is not on B")
+    held = b_ids.member[:, b_pos].sum(axis=1)  # per B-ideal
+    credit = b_ids.member[:, b_pos].astype(float) @ group.credit
+    other_b = np.isin(b_nodes, others)
+    other_a = np.isin(a_nodes, others)
+    seen_b = b_ids.member[:, other_b].sum(axis=1)
+    seen_a = a_ids.member[:, other_a].sum(axis=1)
+    producer = a_ids.member[:, int(np.searchsorted(a_nodes, g.t_producer[t]))]
+    d_held = held[None, :] - held[:, None]
+    d_credit = credit[None, :] - credit[:, None]
+    capped = np.minimum(d_credit, np.maximum(d_held - 1, 0) * seconds)
+    after = np.where(seen_b[None, :] > seen_b[:, None], d_credit, capped)
+    capped_enter = np.minimum(credit, np.maximum(held - 1, 0) * seconds)[None, :]
+    other_in = (seen_a[-1] > seen_a)[:, None] | (seen_b > 0)[None, :]
+    enter = np.where(~producer[:, None] | other_in, credit[None, :], capped_enter)
+    return _Credited(enter, np.maximum(after, 0.0))
 
 
 def _check_split(g: Graph, in_a: np.ndarray) -> None:
