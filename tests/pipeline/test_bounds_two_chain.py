@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds.combine import BoundReport
 from solver.pipeline.bounds.two_chain import (
     two_chain_bound,
     two_chain_plan,
@@ -30,6 +31,8 @@ from solver.pipeline.dp.two_chain import (
     two_chains,
 )
 from solver.pipeline.exact.brute import brute_force
+from solver.pipeline.options import Incumbent
+from solver.pipeline.registry import with_two_chain
 from tests.conftest import scaled_examples
 from tests.pipeline.test_bounds_nonchain import _hand_encoder_decoder, encoder_decoders
 
@@ -201,3 +204,30 @@ def test_credit_is_capped_where_a_reader_may_receive_the_projection_instead():
     bound = two_chain_bound(g, c, 3, 5.0, target=12.0)
     assert bound.value <= 12.0 and bound.value == pytest.approx(12.0, rel=1e-6)
     assert two_chain_bound(g, c, 3, 5.0).value == pytest.approx(12.0, rel=2e-3)
+
+
+def _credited_encoder_decoder() -> tuple[Graph, Cluster]:
+    g = Graph.build(
+        ["e0", "p", "d0", "d1", "k1"],
+        [5.0, 3.0, 3.0, 5.0, 2.0],
+        [2.0, 4.0, 4.0, 4.0, 2.0],
+        [(1, 2), (0, 2), (2, 3), (0, 4), (4, 3)],
+    )
+    return g, Cluster("toy", 3, link_bandwidth=1.0)
+
+
+def test_solve_adds_the_two_chain_bound_and_plan_when_the_gap_is_open():
+    g, c = _credited_encoder_decoder()
+    one_block = Incumbent(18.0, np.zeros(g.n, dtype=np.int64), 0.5)
+    rep = BoundReport(6.0, "universal", {"universal": 6.0}, seconds=0.25)
+    rep2, inc = with_two_chain(g, c, 3, rep, one_block, 10.0)
+    assert inc.objective == pytest.approx(12.0) and inc.seconds >= 0.5
+    assert evaluate(g, c, inc.assignment, 3).objective == pytest.approx(12.0)
+    assert rep2.binding == "two chain" and rep2.bounds["universal"] == 6.0
+    assert rep2.value == rep2.bounds["two chain"] == pytest.approx(12.0, rel=1e-6)
+    assert rep2.value <= 12.0 and rep2.seconds >= 0.25
+    # nothing above a bound that already meets the plan: the report stays, its time grows
+    met = BoundReport(12.0, "decision", {"decision": 12.0})
+    rep3, same = with_two_chain(g, c, 3, met, inc, 10.0)
+    assert rep3.binding == "decision" and "two chain" not in rep3.bounds
+    assert same.objective == inc.objective

@@ -112,6 +112,16 @@ def relaxed_keep(split: TwoChainSplit, budget: float) -> np.ndarray:
     return kept_nodes(spans, chosen)
 
 
+def relaxed_keeps(split: TwoChainSplit) -> list[np.ndarray]:
+    """The distinct kept sets of TWO_CHAIN_BUDGETS, in its order."""
+    out: list[np.ndarray] = []
+    for budget in TWO_CHAIN_BUDGETS:
+        keep = relaxed_keep(split, budget)
+        if not any(np.array_equal(keep, x) for x in out):
+            out.append(keep)
+    return out
+
+
 @dataclass(frozen=True)
 class TwoChainBound:
     """The largest T proven infeasible on a two-chain relaxation (0: none above the floor),
@@ -140,10 +150,9 @@ def two_chain_bound(
     if split is None:
         return TwoChainBound(0.0, None, "not two chains")
     best, why = TwoChainBound(0.0, None), ""
-    for budget in TWO_CHAIN_BUDGETS:
+    for keep in relaxed_keeps(split):
         if time.perf_counter() > deadline:
             break
-        keep = relaxed_keep(split, budget)
         spine = spine_relaxation(cg, keep)
         in_a = split.in_a[spine.kept]
         credits = private_credits(cg, keep, in_a, cluster.link_bandwidth)
@@ -281,10 +290,10 @@ def two_chain_plan(
     if split is None:
         return None
     best: TwoChainPlan | None = None
-    for budget in TWO_CHAIN_BUDGETS:
+    for keep in relaxed_keeps(split):
         if time.perf_counter() > deadline:
             break
-        pin = pinned_labels(cg, relaxed_keep(split, budget))
+        pin = pinned_labels(cg, keep)
         pinned = contract(cg, pin)
         in_a = np.zeros(pinned.n, dtype=bool)
         in_a[pin[split.in_a]] = True
