@@ -1,4 +1,8 @@
-"""mtpp solve: compute a plan (a pipeline method, or --method joint), and the printers of plans."""
+"""mtpp solve: compute a plan (a pipeline method, or --method joint), and the printers of plans.
+
+The joint planner's names are imported on first use (:class:`solver.api.OnFirstUse`): a
+pipeline solve does not load the joint and SPMD planners (docs/architecture.md, "Start-up").
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from solver import api
 from solver.cli.common import (
@@ -28,13 +33,18 @@ from solver.core.text import CONTROL_CHARS, esc
 from solver.core.training import TrainingSpec
 from solver.core.units import format_bytes
 from solver.frontends.onnx.modules import read_layout
-from solver.joint.plan import JointPlan, save_joint_plan
-from solver.joint.training import JOINT_SCHEDULES, training_lines
 from solver.pipeline import registry
 from solver.pipeline.granularity import GRANULARITY_KEY, solve_layer_granular
 from solver.pipeline.heuristics.poprt import format_sharding
 from solver.pipeline.options import SolveOptions
 from solver.pipeline.plan import OPTIMAL, Plan, save_plan
+
+if TYPE_CHECKING:  # the joint planner itself is imported on first use (see the top)
+    from solver.joint.plan import JointPlan
+
+SAVE_JOINT_PLAN = api.OnFirstUse("solver.joint.plan", "save_joint_plan")
+JOINT_TRAINING_LINES = api.OnFirstUse("solver.joint.training", "training_lines")
+JOINT_SCHEDULES = api.OnFirstUse("solver.joint.training", "JOINT_SCHEDULES")
 
 
 def _block_rows(plan) -> list[tuple[str, dict | None]]:
@@ -240,11 +250,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
     else:
         plan = _solve_pipeline(args, opts)
     if args.out is not None:
-        SAVE[type(plan)](plan, args.out)
+        save_solved(plan, args.out)
     if args.json:
         print_json(solve_record(plan, args.out))
         return 0
-    PRINT[type(plan)](plan)
+    PRINT[plan.kind](plan)
     if args.out is not None:
         console().print(f"plan written to {esc(args.out)}")
     return 0
@@ -291,7 +301,7 @@ def training_spec(args: argparse.Namespace) -> TrainingSpec | None:
                 f"{given} applies to training plans; add --schedule gpipe|1f1b|interleaved"
             )
         return None
-    if args.method == api.JOINT and args.schedule not in JOINT_SCHEDULES:
+    if args.method == api.JOINT and args.schedule not in JOINT_SCHEDULES.get():
         raise MtppError(
             f"--schedule {args.schedule} does not apply to --method joint yet; use gpipe or 1f1b"
         )
@@ -429,8 +439,8 @@ def print_joint_plan(plan, con=None) -> None:
         f"s  gap {'-' if gap is None else f'{100 * gap:.3g}%'}"
     )
     con.print(f"the bound covers: {esc(plan.bound_space)}")
+    con.print(f"universal lower bound (every joint plan) {fmt(plan.universal_bound)} s")
     if plan.training is None:
-        con.print(f"universal lower bound (every joint plan) {fmt(plan.universal_bound)} s")
         con.print(
             f"throughput {fmt(plan.throughput)} requests/s  latency {fmt(plan.latency)} s  "
             f"solve time {plan.wall_seconds:.2f} s"
@@ -467,13 +477,18 @@ def print_joint_plan(plan, con=None) -> None:
         "(* = slowest stage; time = program + io in + io out; ops = positions in the "
         "topological order, names in --json)"
     )
-    for line in training_lines(plan):
+    for line in JOINT_TRAINING_LINES.get()(plan):
         con.print(esc(line))
 
 
-# the writer and the printer of each kind of plan mtpp solve makes
-SAVE = {Plan: save_plan, JointPlan: save_joint_plan}
-PRINT = {Plan: print_pipeline_plan, JointPlan: print_joint_plan}
+def save_solved(plan: Plan | JointPlan, path: str) -> None:
+    """Write the plan file of a pipeline plan (save_plan) or a joint plan (save_joint_plan)."""
+    save = save_plan if plan.kind == Plan.kind else SAVE_JOINT_PLAN.get()
+    save(plan, path)
+
+
+# the printer of each kind of plan mtpp solve makes (Result.kind)
+PRINT = {Plan.kind: print_pipeline_plan, api.JOINT: print_joint_plan}
 
 
 def print_training_simulation(con, ts, cluster, gantt: str | None = None) -> None:

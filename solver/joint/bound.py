@@ -13,6 +13,7 @@ from solver.spmd.mesh import Mesh
 from solver.spmd.program import Planner
 from solver.spmd.redistribute import local_bytes
 from solver.spmd.rules import StrategyError, shard, strategy_of
+from solver.spmd.training import backward_factor, gradient_flow
 
 
 def split_tuples(spec, k: int) -> list[tuple[int, ...]]:
@@ -80,3 +81,34 @@ def universal_bound(sm, cluster: Cluster) -> float:
     fastest = float(compute.max())
     heaviest = max(float(np.maximum(w[:, 1] / fastest, w[:, 2] / b).min()) for _, w in works)
     return max(best, heaviest)
+
+
+def universal_training_bound(sm, cluster: Cluster, time_weights: tuple[float, float]) -> float:
+    """A lower bound on the iteration time T = a sum t + b max t (+ max sync >= 0) of every
+    joint training plan (any stages, devices, meshes, strategies and memory), proven in
+    docs/training.md ("Joint training plans"): with t(o, L) = (1 + beta_o) max(F / c, M / b)
+    at the fastest compute c (beta_o the backward factor of the operator table),
+
+        sum t >= sum over operators of min over splits of t(o, L)
+        max t >= sum over operators of min over splits of p(L) t(o, L), divided by the devices.
+    """
+    if not sm.ops:
+        return 0.0
+    k = cluster.devices
+    planner = Planner(sm, Mesh((1,), (math.inf,), (0.0,)), cluster)
+    flow = gradient_flow(sm)
+    _, _, compute = cluster.device_arrays()
+    c, b = float(compute.max()), cluster.memory_bandwidth
+    least = spread = 0.0
+    priced: dict = {}
+    for i, sig in enumerate(planner.signature):
+        beta = backward_factor(sm.ops[i], flow.needs_grad) if flow.has_backward[i] else 0.0
+        key = (sig, beta)
+        if key not in priced:
+            w = op_work(sm, planner.specs[i], i, k)
+            t = (1.0 + beta) * np.maximum(w[:, 1] / c, w[:, 2] / b)
+            priced[key] = (float(t.min()), float((w[:, 0] * t).min()))
+        least += priced[key][0]
+        spread += priced[key][1]
+    a, bb = time_weights
+    return a * least + bb * spread / k

@@ -41,6 +41,7 @@ from solver.core.options import check_time_limit, checked_memory
 from solver.core.result import InvalidBoundError, certify
 from solver.core.training import CAPACITY_SLACK, TrainingSpec
 from solver.frontends.onnx.backward import RULES
+from solver.joint.bound import universal_training_bound
 from solver.joint.plan import (
     JointPlan,
     JointTraining,
@@ -67,6 +68,7 @@ EVERY_COMBINATION_UP_TO = (
 # a big pair's upper plans (Megatron's plan runs propagation for the operators it does not
 # place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
 HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
+PRICING_SHARE = 0.75  # of the time left: the upper programme prices big pairs until then
 _clock = time.perf_counter  # the deadline's clock (tests may replace it)
 
 
@@ -373,7 +375,8 @@ class TrainingSearch:
         self.planners: dict[tuple, Planner] = {}  # the whole model's, per sub-mesh key
         self.cache: dict[tuple, list[StageOption]] = {}  # by (exact?, signature, mesh)
         self.exact = True  # every pair the lower programme used was priced exactly
-        self.cap = math.inf  # the best T known: pairs that cannot beat it stay unpriced
+        self.pricing_deadline = math.inf  # then big pairs not priced yet are left out (upper)
+        self.stats: dict = {}
 
     def whole(self, m: int) -> WholePrices:
         s = self.search
@@ -404,6 +407,9 @@ class TrainingSearch:
         grads = tuple(t in self.flow.needs_grad for t in seg.inputs)
         key = (small, seg.signature, grads, s.mesh_key(m))
         got = self.cache.get(key)
+        if got is None and not small and _clock() > self.pricing_deadline:
+            self.stats["unpriced_pairs"] = self.stats.get("unpriced_pairs", 0) + 1
+            return []  # out of pricing time: left out of the upper programme
         if got is None:
             mesh = s.meshes[m]
             state = self.spec.optimizer_state
@@ -577,11 +583,16 @@ def plan_joint_training(
     search = JointSearch(sm, cluster, memory, space, deadline, progress, 0)
     search.cuts = thinned(search.cuts, cut_stride)
     ts = TrainingSearch(search, spec)
+    ts.pricing_deadline = _clock() + PRICING_SHARE * (deadline - _clock())
     incumbent = _upper_plan(ts, _first_plan(ts, progress), progress)
     if incumbent is None:
         raise _no_plan(space, ts, memory)
-    lower, stats = _lower_bound(ts, incumbent.training.iteration_time, deadline, progress)
-    return _finish(ts, incumbent, lower, stats, model, t0, cut_stride)
+    T = incumbent.training.iteration_time
+    universal = min(T, universal_training_bound(sm, cluster, spec.time_weights))
+    lower, stats = _lower_bound(ts, T, deadline, progress)
+    plan = _finish(ts, incumbent, max(lower, universal), stats, model, t0, cut_stride)
+    plan.universal_bound = universal
+    return plan
 
 
 @dataclass(frozen=True)
@@ -689,7 +700,7 @@ def _lower_bound(ts: TrainingSearch, upper: float, deadline: float, progress):
     except _Expired:
         stats["stopped"] = True
         value = 0.0
-    stats.update(every_combination=ts.exact, priced_pairs=len(ts.cache))
+    stats.update(ts.stats, every_combination=ts.exact, priced_pairs=len(ts.cache))
     return min(value, upper), stats
 
 
@@ -770,4 +781,5 @@ __all__ = [
     "heuristic_options",
     "price_training_stages",
     "training_lines",
+    "universal_training_bound",
 ]

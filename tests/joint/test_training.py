@@ -159,6 +159,7 @@ def test_dp_equals_brute_force_on_a_chain(schedule, m, memory, cluster):
     plan = jt.plan_joint_training(sm, c, spec, memory=limit, time_limit=120)
     assert plan.objective == pytest.approx(want, rel=1e-9)
     assert plan.status == OPTIMAL
+    assert 0 < plan.universal_bound <= want * (1 + 1e-12)
     assert plan.stats["every_combination"] is True
     if limit is not None:
         assert all(r.memory <= limit * (1 + 1e-12) for r in plan.training.stages)
@@ -188,6 +189,7 @@ def test_a_skip_connection_is_bracketed_and_the_bound_holds():
     plan = jt.plan_joint_training(sm, c, spec, time_limit=120)
     assert plan.objective >= want * (1 - 1e-9)
     assert plan.lower_bound <= want * (1 + 1e-9)
+    assert plan.universal_bound <= want * (1 + 1e-12)
     if plan.status == OPTIMAL:
         assert plan.objective == pytest.approx(want, rel=1e-9)
 
@@ -208,6 +210,31 @@ def test_heuristic_pairs_give_a_valid_bound_and_no_claim(monkeypatch):
 
 
 # ---------------------------------------------------------------------- the cost of a plan
+def test_universal_training_bound_by_hand():
+    """One MatMul x[4, 6] @ w[6, 6] on 2 flat devices: its forward is memory-bound, 1 x its
+    bytes over the bandwidth; the backward 1 x more (w has a gradient, x does not); the sum term
+    is the least over splits (x split by rows, 2 devices: half the FLOPs, w whole), the spread
+    term the least p x time."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])
+    w = numpy_helper.from_array(
+        np.random.default_rng(3).standard_normal((6, 6)).astype(np.float32), "w"
+    )
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "one", [x], [y], [w]
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    sm = from_proto(m, {})
+    c = Cluster("flat-two", 2, compute=1e9, memory_bandwidth=1e12, link_bandwidth=1e8)
+    flops = 2 * 4 * 6 * 6  # memory is fast: compute-bound
+    spec = TrainingSpec("1f1b", 4)
+    want = 1 * (2 * flops / 2 / 1e9) + 3 * (2 * flops / 1e9) / 2  # (1 + beta) = 2
+    assert jt.universal_training_bound(sm, c, spec.time_weights) == pytest.approx(want)
+    plan = jt.plan_joint_training(sm, c, spec, time_limit=60)
+    assert plan.universal_bound <= plan.objective
+
+
 def test_price_of_a_two_stage_plan_by_hand():
     """T = sum t + (m - 1) max t + max sync, t = program + 2 io; memory with the 1F1B counts;
     a data-parallel stage synchronises its weight gradients."""
