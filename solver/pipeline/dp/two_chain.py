@@ -28,7 +28,7 @@ import numpy as np
 from solver.core.graph import Graph, induced_subgraph
 from solver.pipeline.dp.separators import separators
 
-MAX_CHAIN_IDEALS = 4_000  # ideals of one chain (the pair tables are squares of it)
+MAX_CHAIN_IDEALS = 2_500  # ideals of one chain (the pair tables are squares of it)
 MAX_GAP_IDEALS = 2_000  # down-closed subsets of one gap
 MAX_PAIR_STATES = 3_000_000  # (A-ideal, B-ideal) pairs held by the DP's tables
 EPS = 1e-9  # relative slack on float comparisons of block costs with T
@@ -155,13 +155,15 @@ def _subsets(member: np.ndarray) -> np.ndarray:
     return out
 
 
-def _chain_costs(ids: ChainIdeals, own: TensorSide, sub: np.ndarray) -> np.ndarray:
+def _chain_costs(ids: ChainIdeals, own: TensorSide, sub: np.ndarray, deadline: float) -> np.ndarray:
     """f(J minus I) for every pair I subset of J of one chain (inf elsewhere), over the
     tensors produced and consumed on it: work, a tensor received when its producer is in I and
     a consumer in J minus I, sent when its producer is in J minus I and a consumer outside J."""
     count = ids.count
     out = np.full((count, count), np.inf)
     for j in range(count):
+        if j % 64 == 0 and time.perf_counter() > deadline:
+            raise TwoChainUnsupported("time limit while pricing blocks")
         rows = np.flatnonzero(sub[:, j])
         recv = own.inside[rows] & (own.held[j][None, :] > own.held[rows])
         send = own.inside[j][None, :] & ~own.inside[rows] & (own.held[j] < own.total)[None, :]
@@ -240,8 +242,8 @@ def two_chains(
     xb = _tensor_side(g, b_ids, b_nodes, cross, bandwidth)
     if (xb.held[partial] > 0).any():
         raise TwoChainUnsupported("a B-ideal beside A holds a reader of a tensor of A")
-    f_a = _chain_costs(a_ids, _tensor_side(g, a_ids, a_nodes, own_a, bandwidth), sub_a)
-    f_b = _chain_costs(b_ids, _tensor_side(g, b_ids, b_nodes, own_b, bandwidth), sub_b)
+    f_a = _chain_costs(a_ids, _tensor_side(g, a_ids, a_nodes, own_a, bandwidth), sub_a, deadline)
+    f_b = _chain_costs(b_ids, _tensor_side(g, b_ids, b_nodes, own_b, bandwidth), sub_b, deadline)
     enter = _cross_enter(xa, xb, f_a[:, -1])
     after = f_b + _cross_after(xb, sub_b)
     for group in credits:
