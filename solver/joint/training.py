@@ -377,6 +377,7 @@ class TrainingSearch:
         self.exact = True  # every pair the lower programme used was priced exactly
         self.pricing_deadline = math.inf  # then big pairs not priced yet are left out (upper)
         self.stats: dict = {}
+        self._fitting: dict[tuple, list[StageOption]] = {}
 
     def whole(self, m: int) -> WholePrices:
         s = self.search
@@ -433,6 +434,15 @@ class TrainingSearch:
 
     def fitting(self, ia, ib, m, qkey, upper: bool) -> list[StageOption]:
         """The options of a pair that fit its memory limit with ``qkey``'s in-flight count."""
+        key = (ia, ib, m, qkey, upper)
+        got = self._fitting.get(key)
+        if got is None:
+            got = self._fitting[key] = self._fit(ia, ib, m, qkey, upper)
+            if upper and not got and not self.small(ia, ib, m) and _clock() > self.pricing_deadline:
+                del self._fitting[key]  # left out for lack of time, not proven empty
+        return got
+
+    def _fit(self, ia, ib, m, qkey, upper: bool) -> list[StageOption]:
         limit = self.search.limit(self.search.meshes[m])
         c = self.count(qkey)
         opts = self.options(ia, ib, m, upper)
