@@ -151,6 +151,7 @@ def test_optimal_only_with_a_proof(monkeypatch):
         raise TrainingDPDoesNotApply("test: the DP is off")
 
     monkeypatch.setattr(training_solve, "exact_training_plan", no_dp)
+    monkeypatch.setattr(training_solve, "chain_training_plan", no_dp)
     monkeypatch.setattr(training_solve, "_cpsat", lambda *args, **kwargs: [])
     g = _chain(7, 5, stash=[1.0] * 7)
     cluster = Cluster("c", 3, link_bandwidth=1.0)

@@ -23,6 +23,7 @@ import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate
+from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.units import format_bytes, format_time
 from solver.pipeline.dp.separators import separators
@@ -116,6 +117,16 @@ class _Ideals:
         self.before = before
         self.gap_end = before + gap_work  # work of an ideal of gap g is at most this
         self.W = before[self.a] + self._local_sum(w)
+        self.s_nodes = s_nodes
+
+    def prefix(self, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per ideal: the sum of the node values ``vals`` over its nodes; and per gap: that
+        sum at the gap's end (every node up to the separator after it, exclusive)."""
+        vals = np.asarray(vals, dtype=float)
+        gap_sum = np.array([vals[mem].sum() for mem in self.members])
+        before = np.zeros(self.m + 1)
+        before[1:] = np.cumsum(gap_sum[:-1] + vals[self.s_nodes])
+        return before[self.a] + self._local_sum(vals), before + gap_sum
 
     def _local_sum(self, vals: np.ndarray) -> np.ndarray:
         """Per ideal: the sum of ``vals`` over its local subset."""
@@ -255,6 +266,9 @@ class _Frontier:
         )
         self.p_size, (self.p_low, self.p_low_mask) = _slots(N, p_entries, [NO_LOW, 0])
         self.out = self.t_size.sum(axis=1)
+        self.t_reach = self.t_high.max(axis=1)  # the highest level a frontier tensor reaches
+        # the highest level at which an outside user of a multi-user parameter first appears
+        self.p_reach = np.where(self.p_size > 0, self.p_low, -1).max(axis=1)
 
 
 def _slots(N: int, entries: list, pads: list) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -290,8 +304,7 @@ class _Costs:
             cluster.capacity,
         )
         self.mem = math.isfinite(self.M) or self.C is not None
-        if not self.mem:
-            return
+        # the memory tables are built even when f does not need them (training's memory does)
         m, n = ideals.m, ideals.n
         single = np.zeros(n)
         nu = np.diff(g.p_ptr)
@@ -321,16 +334,10 @@ class _Costs:
     ) -> tuple[np.ndarray, np.ndarray]:
         """For pairs (J = Js[jl], I = Is) with J in gap gi and I strictly inside J: the mask of
         those with f(J minus I) <= lim (and within the capacity), and their costs."""
-        ids, fr = self.id, self.fr
-        f = ids.W[J] - ids.W[Is]
-        two_a = 2 * gi
-        dj = ids.dmask[J][:, None]
-        lo, hi = fr.t_low[Is], fr.t_high[Is]
-        got = (lo < two_a) | ((lo == two_a) & ((fr.t_low_mask[Is] & dj) != 0))  # received
-        passes = (hi > two_a) | ((hi == two_a) & ((fr.t_high_mask[Is] & ~dj) != 0))  # sent on
-        recv = (fr.t_size[Is] * got).sum(axis=1)
-        io = recv + fr.out[J] - (fr.t_size[Is] * passes).sum(axis=1)
+        ids = self.id
+        io, recv = self._io_bytes(gi, J, Is)
         self.recv = recv  # bytes the block receives (the tie-break's transfer)
+        f = ids.W[J] - ids.W[Is]
         f = f + io / self.B
         ok = f <= lim
         if not self.mem or not ok.any():
@@ -341,9 +348,51 @@ class _Costs:
         most = params + self.multi_total + self.act_max
         if (most <= self.M).all() and (self.C is None or (most <= self.C).all()):
             return ok, f
-        lo = fr.p_low[Is]
-        used_p = (lo < two_a) | ((lo == two_a) & ((fr.p_low_mask[Is] & dj) != 0))
-        params = params + (fr.p_size[Is] * used_p).sum(axis=1)
+        params, peak = self._params_peak(gi, J, Is)
+        used = params + peak
+        if math.isfinite(self.M):
+            f = f + np.maximum(0.0, used - self.M) / self.Bm
+        ok = f <= lim
+        if self.C is not None:
+            ok &= used <= self.C * (1 + 1e-12)
+        return ok, f
+
+    def _io_bytes(self, gi: int, J: np.ndarray, Is: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes in + bytes out of each block J minus I (J in gap gi), and the bytes in."""
+        fr = self.fr
+        two_a = 2 * gi
+        # every frontier tensor of I ends below gap gi: J receives them all and none passes
+        recv = fr.out[Is]
+        io = recv + fr.out[J]
+        near = np.flatnonzero(fr.t_reach[Is] >= two_a)
+        if not len(near):
+            return io, recv
+        In, Jn = Is[near], J[near]
+        dj = self.id.dmask[Jn][:, None]
+        lo, hi = fr.t_low[In], fr.t_high[In]
+        got = (lo < two_a) | ((lo == two_a) & ((fr.t_low_mask[In] & dj) != 0))  # received
+        passes = (hi > two_a) | ((hi == two_a) & ((fr.t_high_mask[In] & ~dj) != 0))  # sent on
+        recv = recv.copy()
+        recv[near] = (fr.t_size[In] * got).sum(axis=1)
+        io[near] = recv[near] + fr.out[Jn] - (fr.t_size[In] * passes).sum(axis=1)
+        return io, recv
+
+    def _params_peak(self, gi: int, J: np.ndarray, Is: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Parameter bytes and activation peak of each block J minus I (J in gap gi), exactly
+        as :func:`solver.core.cost.evaluate` counts them."""
+        ids, fr = self.id, self.fr
+        two_a = 2 * gi
+        dj = ids.dmask[J][:, None]
+        params = self.P1[J] - self.P1[Is]
+        # below gap gi every multi-user parameter of I's frontier has a user in J
+        shared = fr.p_size[Is].sum(axis=1)
+        near = np.flatnonzero(fr.p_reach[Is] >= two_a)
+        if len(near):
+            In = Is[near]
+            lo = fr.p_low[In]
+            used_p = (lo < two_a) | ((lo == two_a) & ((fr.p_low_mask[In] & dj[near]) != 0))
+            shared[near] = (fr.p_size[In] * used_p).sum(axis=1)
+        params = params + shared
         ai = ids.a[Is]
         peak = np.empty(len(Is))
         same = ai == gi
@@ -357,13 +406,7 @@ class _Costs:
             seg = np.maximum(self.sep_act[lo:gi], np.r_[self.gap_act[lo + 1 : gi], 0.0])
             rm = np.maximum.accumulate(seg[::-1])[::-1]
             peak[o] = np.maximum(np.maximum(self.a_after[Is[o]], rm[ai[o] - lo]), self.a_in[J[o]])
-        used = params + peak
-        if math.isfinite(self.M):
-            f = f + np.maximum(0.0, used - self.M) / self.Bm
-        ok = f <= lim
-        if self.C is not None:
-            ok &= used <= self.C * (1 + 1e-12)
-        return ok, f
+        return params, peak
 
 
 CHUNK = 200_000  # pairs priced at once
@@ -394,22 +437,11 @@ def _table(
     for gi in range(st["gi"], ids.m + 1):
         if time.perf_counter() > deadline:
             raise _Out("time limit while pricing blocks")
-        g0, g1 = int(ids.gstart[gi]), int(ids.gstart[gi + 1])
-        Js = np.arange(max(g0, 1), g1)
-        Js = Js[allowed[Js]]
-        if not len(Js):
+        found = _gap_pairs(ids, gi, allowed, ids.W, ids.gap_end, lim)
+        if found is None:
             st["gi"] = gi + 1
             continue
-        glo = int(np.searchsorted(ids.gap_end, ids.W[Js].min() - lim, side="left"))
-        base = np.arange(int(ids.gstart[min(glo, gi)]), g0)
-        base = base[allowed[base]]
-        same = np.arange(g0, g1)
-        same = same[allowed[same]]
-        near = ids.W[base][None, :] >= ids.W[Js][:, None] - lim
-        sub = (ids.dmask[same][None, :] & ~ids.dmask[Js][:, None]) == 0  # subsets of J's D
-        sub &= (same[None, :] < Js[:, None]) & (ids.W[same][None, :] >= ids.W[Js][:, None] - lim)
-        jl, col = np.nonzero(np.concatenate([near, sub], axis=1))
-        Is = np.concatenate([base, same])[col]
+        Js, jl, Is = found.ends, found.end_row, found.starts
         for c0 in range(0, len(jl), CHUNK):
             sl = slice(c0, c0 + CHUNK)
             ok, f = cost.pairs(gi, Js[jl[sl]], Is[sl], lim)
@@ -427,6 +459,43 @@ def _table(
     f = np.concatenate(costs) if costs else np.zeros(0)
     recv = np.concatenate(recvs) if recvs else np.zeros(0)
     return _PairTable(ptr, cand, f, recv)
+
+
+@dataclass(frozen=True)
+class _GapPairs:
+    """The pairs (I, J) whose J lies in one gap: J = ``ends[end_row]``, I = ``starts``."""
+
+    ends: np.ndarray
+    end_row: np.ndarray
+    starts: np.ndarray
+
+
+def _gap_pairs(
+    ids: _Ideals,
+    gi: int,
+    allowed: np.ndarray,
+    weight: np.ndarray,
+    gap_end: np.ndarray,
+    lim: float,
+) -> _GapPairs | None:
+    """Every pair of allowed ideals I < J with J in gap gi and weight(J) - weight(I) <= about
+    ``lim`` (``weight``: a per-ideal prefix sum of a node weight >= 0, ``gap_end``: its value
+    at each gap's end); None when gap gi has no allowed J."""
+    g0, g1 = int(ids.gstart[gi]), int(ids.gstart[gi + 1])
+    Js = np.arange(max(g0, 1), g1)
+    Js = Js[allowed[Js]]
+    if not len(Js):
+        return None
+    glo = int(np.searchsorted(gap_end, weight[Js].min() - lim, side="left"))
+    base = np.arange(int(ids.gstart[min(glo, gi)]), g0)
+    base = base[allowed[base]]
+    same = np.arange(g0, g1)
+    same = same[allowed[same]]
+    near = weight[base][None, :] >= weight[Js][:, None] - lim
+    sub = (ids.dmask[same][None, :] & ~ids.dmask[Js][:, None]) == 0  # subsets of J's D
+    sub &= (same[None, :] < Js[:, None]) & (weight[same][None, :] >= weight[Js][:, None] - lim)
+    jl, col = np.nonzero(np.concatenate([near, sub], axis=1))
+    return _GapPairs(Js, jl, np.concatenate([base, same])[col])
 
 
 def _fewest_blocks(ptr, cand, f, N: int, T: float, k: int) -> np.ndarray | None:
@@ -767,3 +836,88 @@ def ideal_chain(
         )  # resumes a run its deadline stopped
         cache[key] = (hit, state)
     return hit
+
+
+class ChainIdealsDoNotApply(MtppError):
+    """The separator chain's ideals cannot be enumerated or priced here (the reason)."""
+
+
+@dataclass(frozen=True)
+class BlockTerms:
+    """Blocks S = J minus I of the chain's ideals (arrays over blocks): the terms of f(S) of
+    :func:`solver.core.cost.evaluate` on a homogeneous cluster, exactly."""
+
+    first: np.ndarray  # I (ideal index)
+    last: np.ndarray  # J
+    work: np.ndarray  # forward work of S (seconds)
+    io: np.ndarray  # bytes in plus bytes out, each tensor once (io_in + io_out = io / B)
+    params: np.ndarray  # parameter bytes S stores
+    peak: np.ndarray  # the largest act of a node of S
+
+
+class ChainIdeals:
+    """Every ideal of a coarse graph that separators cut into small gaps (sorted by gap, then
+    size: I strictly inside J comes before J), and the exact terms of f for their blocks, from
+    prefix sums and the frontier tensors, for other DPs over the same ideals (the training DP).
+    Raises :class:`ChainIdealsDoNotApply` when the DP's structure does not apply."""
+
+    def __init__(self, g: Graph, cluster: Cluster, deadline: float):
+        sep = separators(g)
+        why = _chain_unsupported(g, cluster, 1, sep)
+        if why is not None:
+            raise ChainIdealsDoNotApply(why)
+        try:
+            ids = _Ideals(g, sep, deadline)
+            self._cost = _Costs(g, cluster, ids, _Frontier(g, ids, deadline))
+        except _Out as e:
+            raise ChainIdealsDoNotApply(str(e)) from None
+        self._ids = ids
+
+    @property
+    def count(self) -> int:
+        """The number of ideals (the first is {}, the last every node)."""
+        return self._ids.N
+
+    @property
+    def order(self) -> np.ndarray:
+        """Per ideal, a key that two ideals share only when neither contains the other
+        (gap, then size): the ideals of one key can be handled together."""
+        return self._ids.a * (self._ids.L + 1) + self._ids.dbits.sum(axis=1)
+
+    def prefix(self, vals: np.ndarray) -> np.ndarray:
+        """Per ideal: the sum of the node values ``vals`` over its nodes."""
+        return self._ids.prefix(vals)[0]
+
+    @property
+    def own_params(self) -> np.ndarray:
+        """Per ideal: the bytes of the parameters that only one node uses, over its nodes (a
+        block J minus I stores at least own_params[J] - own_params[I])."""
+        return self._cost.P1
+
+    def blocks(self, weight: np.ndarray, lim: float, deadline: float, keep=None):
+        """Every block J minus I (I strictly inside J) with w(J minus I) <= about ``lim``, in
+        chunks of :class:`BlockTerms` (w: a node weight >= 0, e.g. work; ``weight`` its values
+        per node); with ``keep(first, last)`` (a mask over pairs of ideal indices) only those it
+        keeps are priced. Raises :class:`ChainIdealsDoNotApply` past the deadline."""
+        ids, cost = self._ids, self._cost
+        per_ideal, gap_end = ids.prefix(weight)
+        everything = np.ones(ids.N, dtype=bool)
+        for gi in range(ids.m + 1):
+            if time.perf_counter() > deadline:
+                raise ChainIdealsDoNotApply("time limit while pricing blocks")
+            found = _gap_pairs(ids, gi, everything, per_ideal, gap_end, lim)
+            if found is None:
+                continue
+            for c0 in range(0, len(found.end_row), CHUNK):
+                J = found.ends[found.end_row[c0 : c0 + CHUNK]]
+                Is = found.starts[c0 : c0 + CHUNK]
+                if keep is not None:
+                    mask = keep(Is, J)
+                    J, Is = J[mask], Is[mask]
+                io, _ = cost._io_bytes(gi, J, Is)
+                params, peak = cost._params_peak(gi, J, Is)
+                yield BlockTerms(Is, J, ids.W[J] - ids.W[Is], io, params, peak)
+
+    def assignment(self, chain: list[int]) -> np.ndarray:
+        """Block of every node for a chain of ideals (block b = chain[b + 1] minus chain[b])."""
+        return _assignment(self._ids, np.asarray(chain))

@@ -61,7 +61,7 @@ class _Blocks:
 
 
 @dataclass(frozen=True)
-class _Chain:
+class StageChain:
     """A DP answer: the least sum of stage times, the largest stage time on that chain and
     its ideals (None when infeasible)."""
 
@@ -74,7 +74,7 @@ class _Chain:
         return a * self.total + b * self.longest if self.ideals is not None else math.inf
 
 
-NO_CHAIN = _Chain(math.inf, math.inf, None)
+NO_CHAIN = StageChain(math.inf, math.inf, None)
 
 
 @dataclass
@@ -84,6 +84,7 @@ class TrainingSolution:
     assignment: np.ndarray | None = None
     cost: TrainingCost | None = None
     lower: float = 0.0
+    placement: np.ndarray | None = None  # device of each block (None: block b on device b)
     ideals: int = 0
     blocks: int = 0
     candidates: int = 0
@@ -271,7 +272,7 @@ def _block_terms(cg: Graph, stacked: Graph, cluster: Cluster, inner, outer) -> n
 
 def _suffix_dp(
     blocks: _Blocks, N: int, k: int, M: float, inflight, capacity, exactly: bool = False
-) -> _Chain:
+) -> StageChain:
     """Least sum of stage times over chains of ideals from {} to V with at most k (exactly k
     with ``exactly``) non-empty blocks, each with t <= M and memory within ``capacity`` where
     a block that is the q-th stage from the end keeps ``inflight[q]`` stashes (``inflight``:
@@ -303,7 +304,7 @@ def _suffix_dp(
         longest = max(longest, float(blocks.time[row]))
         chain.append(int(blocks.last[row]))
         q -= 1
-    return _Chain(total, longest, chain)
+    return StageChain(total, longest, chain)
 
 
 def _least_sum(blocks: _Blocks, N: int, k: int, spec: TrainingSpec, M: float, capacity):
@@ -323,7 +324,7 @@ def _least_sum(blocks: _Blocks, N: int, k: int, spec: TrainingSpec, M: float, ca
     return best
 
 
-def _search(blocks, N: int, k: int, spec: TrainingSpec, capacity, deadline, sol) -> _Chain:
+def _search(blocks, N: int, k: int, spec: TrainingSpec, capacity, deadline, sol) -> StageChain:
     """min over M of a * S(M) + b * M (module docstring, step 4); sets ``sol.lower`` for the
     plans made of priced blocks."""
     a, b = spec.time_weights

@@ -13,7 +13,9 @@ with its certificate (docs/training.md, "Solving a training plan").
    training model; the best valid one is the incumbent;
 4. the certified bound: :func:`training_lower_bound` strengthened by the certified bottleneck
    bound of :mod:`solver.pipeline.bounds` (max t_i >= max f_i);
-5. the exact training DP over ideals (:func:`exact_training_plan`) where it applies; when it
+5. the exact training DP over ideals (:func:`exact_training_plan`) where it applies, else the
+   one over the separator chain's ideals (:func:`chain_training_plan`: Llama-shaped decoders;
+   on a cluster whose links differ, a bound over every placement and a placed plan); when it
    proves its plan, nothing else runs;
 6. otherwise CP-SAT's training model (``solver.pipeline.exact.cpsat_training``), from the
    incumbent, when that module is installed;
@@ -46,8 +48,10 @@ from solver.pipeline.training.certificate import (
     Certificate,
     certified_training_bound,
 )
+from solver.pipeline.training.chain_dp import chain_training_plan
 from solver.pipeline.training.exact import (
     TrainingDPDoesNotApply,
+    TrainingSolution,
     exact_training_plan,
     layer_training_plan,
 )
@@ -56,6 +60,8 @@ from solver.pipeline.training.splits import practitioner_splits, read_layers
 DP_SHARE = 0.5  # of what is left for the exact training DP when CP-SAT may follow
 # the names of the bounds (stats["bound"]["binding"])
 DP_BOUND = "training ideal DP"
+CHAIN_BOUND = "training chain DP"  # the DP over the separator chain's ideals
+CHAIN_DP_SHARE = 0.85  # of what is left for it: CP-SAT proves little at its scale
 CPSAT_BOUND = "cpsat"
 ONE_BLOCK = "one block: every device tried"
 LAYER_DP = "best whole-layer split"  # the training DP over layer prefixes (a warm start)
@@ -211,8 +217,9 @@ def _left(opts: SolveOptions, t0: float) -> float:
 def _training_dp(
     g: Graph, cluster: Cluster, k: int, spec, opts, best, cert: Certificate, t0: float
 ) -> list[Candidate]:
-    """The exact training DP (homogeneous clusters, graphs of few ideals); its bound joins the
-    certificate, and ``cert.infeasible`` is set when it proves that no plan fits."""
+    """The exact training DP: over every ideal (homogeneous clusters, graphs of few ideals),
+    else over the separator chain's ideals; its bound joins the certificate, and
+    ``cert.infeasible`` is set when it proves that no plan fits."""
     if _proven(best, cert):
         return []
     opts.watcher().note("exact training DP over ideals")
@@ -227,19 +234,43 @@ def _training_dp(
         )
     except TrainingDPDoesNotApply as e:
         cert.notes[DP_BOUND] = str(e)
+        return _chain_dp(g, cluster, k, spec, opts, best, cert, t0)
+    return _dp_outcome(DP_BOUND, sol, cert)
+
+
+def _chain_dp(
+    g: Graph, cluster: Cluster, k: int, spec, opts, best, cert: Certificate, t0: float
+) -> list[Candidate]:
+    """The training DP over the separator chain's ideals, where it applies."""
+    opts.watcher().note("exact training DP over the separator chain's ideals")
+    try:
+        sol = chain_training_plan(
+            g,
+            cluster.with_devices(k) if cluster.homogeneous else cluster,
+            k,
+            spec,
+            time_limit=CHAIN_DP_SHARE * _left(opts, t0),
+            upper=_value(best),
+        )
+    except TrainingDPDoesNotApply as e:
+        cert.notes[CHAIN_BOUND] = str(e)
         return []
+    return _dp_outcome(CHAIN_BOUND, sol, cert)
+
+
+def _dp_outcome(name: str, sol: TrainingSolution, cert: Certificate) -> list[Candidate]:
+    """A DP's bound into the certificate (or its proof that no plan fits) and its plan."""
     if math.isinf(sol.lower):
         cert.infeasible = True
-        cert.notes[DP_BOUND] = sol.note or "no plan fits the memory"
+        cert.notes[name] = sol.note or "no plan fits the memory"
         return []
-    cert.bounds[DP_BOUND] = sol.lower
-    cert.notes[DP_BOUND] = (
-        f"{sol.ideals} ideals, {sol.blocks} blocks, {sol.candidates} candidates"
-        + (f"; {sol.note}" if sol.note else "")
+    cert.bounds[name] = sol.lower
+    cert.notes[name] = f"{sol.ideals} ideals, {sol.blocks} blocks, {sol.candidates} candidates" + (
+        f"; {sol.note}" if sol.note else ""
     )
     if sol.assignment is None:
         return []
-    return [Candidate(DP_BOUND, sol.assignment, sol.cost)]
+    return [Candidate(name, sol.assignment, sol.cost, sol.placement)]
 
 
 def _cpsat(
