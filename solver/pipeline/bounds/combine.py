@@ -13,6 +13,7 @@ from solver.core.result import meets_target
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
 from solver.pipeline.bounds.decision import decision_bound, decision_io_bound, work_packing_bound
+from solver.pipeline.bounds.forced_io import MAX_NODES as FORCED_IO_MAX_NODES
 from solver.pipeline.bounds.forced_io import forced_io
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
@@ -261,11 +262,8 @@ def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None
     seconds = max(min(run.left() / 2, DECISION_IO_SHARE * run.time_limit), DECISION_IO_MIN_SECONDS)
     fio = forced_io(coarse_view(g)[0], cluster)
     if fio is None:
-        run.skipped["decision io"] = "no tensor to charge, or too many nodes"
+        run.skipped["decision io"] = f"more than {FORCED_IO_MAX_NODES:,} coarse nodes"
         return
-    loading = time.perf_counter()  # CP-SAT's module for the packing proofs: start-up, not bounds
-    import_cpsat()
-    run.t0 += time.perf_counter() - loading
     fast = run.target is not None
     lo = run.best if fast else run.vals["universal"]
     value = decision_io_bound(it, fio, cluster, k, seconds, lo, run.target if fast else math.inf)

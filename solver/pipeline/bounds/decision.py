@@ -12,8 +12,9 @@ partition into k bins, so this is a relaxation of the real problem.
 :func:`decision_io_bound` adds the io every plan under T must pay
 (:mod:`solver.pipeline.bounds.forced_io`) to the items: ``f(S) <= T`` implies
 ``work(S) + charges(S) <= T`` and ``B_mem * (work(S) + charges(S)) + charged(S) + peak(S) <=
-B_mem * T + M``, since the charges of S's nodes are at most ``io(S)``. The charges grow as T
-falls, so a T proven is proven for every smaller T, and bisection is sound.
+B_mem * T + M``, since the charges of S's nodes are at most ``io(S)``; their volumes then fit
+k bins. The charges grow as T falls, so a T proven is proven for every smaller T, and
+bisection is sound.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import numpy as np
 from solver.core.cluster import Cluster
 from solver.pipeline.bounds.forced_io import ForcedIo
 from solver.pipeline.bounds.items import Items
-from solver.pipeline.bounds.packing import cannot_pack, smallest_capacity
+from solver.pipeline.bounds.packing import smallest_capacity
 
 IO_REL_TOL = 1e-5  # decision_io_bound's bisection stops at this relative width
 VOLUME_SLACK = 1e-9  # relative: a floating sum never proves a T by rounding
-IO_PROBE_SECONDS = 0.2  # CP-SAT's time per probe of decision_io_bound (the volume test is instant)
 
 
 def work_packing_bound(
@@ -82,50 +82,36 @@ def decision_io_bound(
 ) -> float:
     """Largest T proven in [``lo``, ``hi``] (``lo`` when nothing above it is; ``lo`` must be
     proven, 0 or a bound): the works with the io every plan under T must pay
-    (``fio.charges(T)``) do not pack into k bins, with memory as in :func:`decision_bound`.
-    First by their volumes alone (exact and instant), then, above that, by the packing
-    engine's CP-SAT proofs with the time that is left."""
+    (``fio.charges(T)``) exceed the volume of k bins, with memory as in
+    :func:`decision_bound`. Only volumes (exact, one pass over the nodes per probe): the
+    packing engine's proofs without io are :func:`decision_bound`'s."""
     t_end = time.perf_counter() + time_limit
     if not math.isfinite(hi):
         hi = float(it.work.sum() + 2 * fio.seconds.sum())
         if math.isfinite(cluster.fast_memory):
             hi += float(it.charged.sum() + it.act.max()) / cluster.slow_memory_bandwidth
-    best = lo
-    for packing in (False, True):
-        first = best * (1 + IO_REL_TOL) if best > 0 else IO_REL_TOL * hi
-        if first >= hi or not _io_infeasible(it, fio, cluster, k, first, t_end, packing):
-            continue
-        best, top = first, hi
-        while top - best > IO_REL_TOL * top and time.perf_counter() < t_end:
-            mid = 0.5 * (best + top)
-            if _io_infeasible(it, fio, cluster, k, mid, t_end, packing):
-                best = mid
-            else:
-                top = mid
+    first = lo * (1 + IO_REL_TOL) if lo > 0 else IO_REL_TOL * hi
+    if first >= hi or not io_volume_exceeds(it, fio, cluster, k, first):
+        return lo
+    best = first
+    while hi - best > IO_REL_TOL * hi and time.perf_counter() < t_end:
+        mid = 0.5 * (best + hi)
+        if io_volume_exceeds(it, fio, cluster, k, mid):
+            best = mid
+        else:
+            hi = mid
     return best
 
 
-def _io_infeasible(
-    it: Items, fio: ForcedIo, cluster: Cluster, k: int, T: float, t_end: float, packing: bool
-) -> bool:
-    """True only with a proof that no plan has every block at most T (the works plus the io
-    forced at T: their volumes, and with ``packing`` the packing engine's proofs; see
-    :func:`decision_io_bound`)."""
+def io_volume_exceeds(it: Items, fio: ForcedIo, cluster: Cluster, k: int, T: float) -> bool:
+    """True only with a proof that no plan has every block at most T: the works plus the io
+    forced at T exceed k T, or, with memory, ``B_mem`` times them plus the charged weights and
+    the largest act (one block holds it) exceed ``k (B_mem T + M)``."""
     M, Bm = cluster.fast_memory, cluster.slow_memory_bandwidth
-    need = it.work + fio.charges(T)
-    # exact volumes (the packing engine's types round sizes down): with memory, every
-    # block's peak is at least 0 and one block holds the largest act
-    volume = float(need.sum())
+    volume = float((it.work + fio.charges(T)).sum())
     if volume * (1 - VOLUME_SLACK) > k * T:
         return True
-    memory = not math.isinf(M)
-    held = Bm * volume + float(it.charged.sum() + it.act.max(initial=0.0))
-    if memory and held * (1 - VOLUME_SLACK) > k * (Bm * T + M):
-        return True
-    if not packing:
+    if math.isinf(M):
         return False
-    probe = max(0.0, min(IO_PROBE_SECONDS, t_end - time.perf_counter()))
-    if cannot_pack(need, np.zeros_like(need), T, k, probe):
-        return True
-    probe = max(0.0, min(IO_PROBE_SECONDS, t_end - time.perf_counter()))
-    return memory and cannot_pack(Bm * need + it.charged, it.act, Bm * T + M, k, probe)
+    held = Bm * volume + float(it.charged.sum() + it.act.max(initial=0.0))
+    return held * (1 - VOLUME_SLACK) > k * (Bm * T + M)

@@ -80,7 +80,7 @@ def bits_work(sets: list[int], work: np.ndarray) -> np.ndarray:
 
 def forced_io(cg: Graph, cluster: Cluster) -> ForcedIo | None:
     """The hulls of every (tensor, consumer) pair of the coarse graph ``cg`` (None above
-    MAX_NODES nodes or without a tensor sent anywhere)."""
+    MAX_NODES nodes; no tensor when none has a consumer other than its producer)."""
     if cg.n > MAX_NODES:
         return None
     tensor = np.repeat(np.arange(cg.num_tensors), np.diff(cg.t_ptr))
@@ -88,8 +88,6 @@ def forced_io(cg: Graph, cluster: Cluster) -> ForcedIo | None:
     prod = cg.t_producer[tensor].astype(np.int64)
     keep = (cons != prod) & (cg.t_size[tensor] > 0)
     tensor, cons, prod = tensor[keep], cons[keep], prod[keep]
-    if len(tensor) == 0:
-        return None
     anc, desc = reach_bits(cg, False), reach_bits(cg, True)
     # nodes on a path p -> c or c -> p (a data edge need not be an order edge), both included
     hulls = [
