@@ -3,7 +3,7 @@
 A :class:`Problem` says what to plan: a graph file (or an already loaded cost graph or ONNX
 model), the cluster, and the settings of an ONNX model. The plan's ``kind`` names the planner
 (the three kinds of :mod:`solver.core.result`), and ``method`` one of that kind's methods
-(:data:`KIND_METHODS`):
+(:func:`kind_methods`):
 
 - ``"pipeline"``: a method of :data:`solver.pipeline.registry.METHODS` on the cost graph
   (blocks of the graph on devices): a :class:`~solver.pipeline.plan.Plan`;
@@ -24,6 +24,10 @@ any of them the same way. A request no planner can honour raises
 line's flags (``--set``, ``--work``, ...); :func:`check_request` makes these checks alone,
 before anything is loaded.
 
+The SPMD and joint planners are imported when a request of their kind comes
+(:class:`OnFirstUse`), not with this module: a pipeline solve, the common case, uses neither,
+and importing them cost its start-up about 60 ms (docs/architecture.md, "Start-up").
+
 >>> from solver.core.cluster import Cluster
 >>> from solver.frontends.workloads import layered_dag
 >>> plan = solve(Problem(graph=layered_dag(12), cluster=Cluster("c", 2)), "time")
@@ -33,9 +37,11 @@ before anything is loaded.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from solver.core.cluster import Cluster, load_cluster
 from solver.core.errors import MtppError
@@ -44,22 +50,47 @@ from solver.core.options import check_spmd_options
 from solver.core.progress import NULL_PROGRESS
 from solver.core.result import Result
 from solver.frontends import load_graph, resolve_cluster
-from solver.joint import plan_joint
-from solver.joint.submesh import SPACES
-from solver.joint.training import check_training_spec, plan_joint_training
 from solver.pipeline import registry
 from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
-from solver.spmd import plan as spmd_plan
-from solver.spmd.model import ShardModel
-from solver.spmd.solve import solve_sharding
+
+if TYPE_CHECKING:  # the SPMD planner itself is imported on first use (OnFirstUse)
+    from solver.spmd.model import ShardModel
 
 PIPELINE, SPMD, JOINT = "pipeline", "spmd", "joint"
+KINDS = (PIPELINE, SPMD, JOINT)
 METHOD_NAMES = (*registry.METHODS, JOINT)
-# the methods of each kind of plan
-KIND_METHODS = {PIPELINE: tuple(registry.METHODS), SPMD: tuple(spmd_plan.METHODS), JOINT: (JOINT,)}
 SPMD_OPTIONS = ("mesh", "config")  # options.extra keys an SPMD method takes
 # option keys the command line fills from its own flags, refused by joint under the flag's name
 JOINT_REFUSED_FLAGS = {"optimal_perf": "--optimal-perf", "sharding": "--sharding"}
+
+
+@dataclass(frozen=True)
+class OnFirstUse:
+    """A name of the SPMD or the joint planner, its module imported the first time the name is
+    used (:meth:`get`), so that a pipeline solve does not load either planner (module
+    docstring)."""
+
+    module: str
+    name: str
+
+    def get(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+SPMD_METHODS = OnFirstUse("solver.spmd.plan", "METHODS")
+SOLVE_SHARDING = OnFirstUse("solver.spmd.solve", "solve_sharding")
+JOINT_SPACES = OnFirstUse("solver.joint.submesh", "SPACES")
+PLAN_JOINT = OnFirstUse("solver.joint.planner", "plan_joint")
+PLAN_JOINT_TRAINING = OnFirstUse("solver.joint.training", "plan_joint_training")
+CHECK_JOINT_TRAINING = OnFirstUse("solver.joint.training", "check_training_spec")
+
+
+def kind_methods(kind: str) -> tuple[str, ...]:
+    """The methods of ``kind``: the pipeline registry's, the SPMD planner's (its module is
+    imported now) or joint's one."""
+    if kind == SPMD:
+        return tuple(SPMD_METHODS.get())
+    return tuple(registry.METHODS) if kind == PIPELINE else (JOINT,)
 
 
 @dataclass(frozen=True)
@@ -111,8 +142,8 @@ def kind_of(method: str, kind: str | None) -> str:
     """The kind a request names: ``kind``, else joint for the method ``joint``, else pipeline."""
     if kind is None:
         return JOINT if method == JOINT else PIPELINE
-    if kind not in KIND_METHODS:
-        raise MtppError(f"unknown kind {kind!r}; choose one of {', '.join(KIND_METHODS)}")
+    if kind not in KINDS:
+        raise MtppError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     return kind
 
 
@@ -126,13 +157,13 @@ def check_request(
     if kind == SPMD:
         _check_spmd(problem, method, options)
         return
-    if method not in KIND_METHODS[kind]:
-        names = KIND_METHODS[kind] if named else METHOD_NAMES
+    if method not in kind_methods(kind):
+        names = kind_methods(kind) if named else METHOD_NAMES
         raise MtppError(f"unknown method {method!r}; choose one of {', '.join(names)}")
     if method == JOINT:
         joint_space(problem, options)
         if options.training is not None:
-            check_training_spec(options.training)
+            CHECK_JOINT_TRAINING.get()(options.training)
     check_solve_options(options)
     if method != JOINT:
         check_method_options(method, options.extra)
@@ -140,8 +171,8 @@ def check_request(
 
 def _check_spmd(problem: Problem, method: str, options: SolveOptions) -> None:
     """An SPMD request: one of its methods, the ONNX model, only mesh and config options."""
-    if method not in spmd_plan.METHODS:
-        names = ", ".join(spmd_plan.METHODS)
+    if method not in kind_methods(SPMD):
+        names = ", ".join(kind_methods(SPMD))
         raise MtppError(f"unknown SPMD method {method!r}; choose one of {names}")
     _onnx_path(problem, "an SPMD plan")
     other = [key for key in options.extra if key not in SPMD_OPTIONS]
@@ -150,12 +181,13 @@ def _check_spmd(problem: Problem, method: str, options: SolveOptions) -> None:
     check_spmd_options(options.time_limit, options.workers, options.seed)
 
 
-def load(problem: Problem) -> LoadedProblem:
+def load(problem: Problem, training_costs: bool = False) -> LoadedProblem:
     """The cost graph of ``problem`` (``graph``, else read from ``graph_path``; an ONNX model
-    with its dims, work model and the cluster's roofline) and its cluster: ``cluster`` if
-    given, else what the graph file states, else the default preset; ``devices`` and
-    ``memory`` applied."""
-    g = problem.graph if problem.graph is not None else _read_graph(problem)
+    with its dims, work model and the cluster's roofline, and with ``training_costs`` every
+    operator's backward work and stash, as ``mtpp solve --schedule`` reads it) and its
+    cluster: ``cluster`` if given, else what the graph file states, else the default preset;
+    ``devices`` and ``memory`` applied."""
+    g = problem.graph if problem.graph is not None else _read_graph(problem, training_costs)
     if isinstance(problem.cluster, Cluster):
         cluster = problem.cluster.with_devices(problem.devices)
     else:
@@ -163,7 +195,7 @@ def load(problem: Problem) -> LoadedProblem:
     return LoadedProblem(g, cluster.with_memory(problem.memory))
 
 
-def _read_graph(problem: Problem) -> Graph:
+def _read_graph(problem: Problem, training_costs: bool) -> Graph:
     if problem.graph_path is None:
         raise MtppError("a problem needs a graph file (graph_path) or a loaded graph (graph)")
     if Path(problem.graph_path).suffix.lower() != ".onnx":
@@ -174,6 +206,7 @@ def _read_graph(problem: Problem) -> Graph:
         work=problem.work,
         cluster=problem.cluster,
         devices=problem.devices,
+        training_costs=training_costs,
     )
 
 
@@ -187,8 +220,9 @@ def joint_space(problem: Problem, options: SolveOptions) -> str:
     other = [key for key in extra if key not in JOINT_REFUSED_FLAGS]
     if other:
         raise MtppError(f"--set {other[0]}: --method joint takes only --set space=...")
-    if space not in SPACES:
-        raise MtppError(f"--set space={str(space)[:40]}: use one of {', '.join(SPACES)}")
+    spaces = JOINT_SPACES.get()
+    if space not in spaces:
+        raise MtppError(f"--set space={str(space)[:40]}: use one of {', '.join(spaces)}")
     for key, flag in JOINT_REFUSED_FLAGS.items():
         if key in extra:
             raise MtppError(f"{flag} does not apply to --method joint")
@@ -214,7 +248,7 @@ def _graph_name(problem: Problem) -> str:
 
 
 def _solve_pipeline(problem: Problem, method: str, options: SolveOptions) -> Result | None:
-    loaded = load(problem)
+    loaded = load(problem, training_costs=options.training is not None)
     return registry.solve(loaded.graph, loaded.cluster, method, options)
 
 
@@ -233,7 +267,7 @@ def _model(problem: Problem) -> ShardModel | str | Path:
 
 def _solve_spmd(problem: Problem, method: str, options: SolveOptions) -> Result:
     """The SPMD program of the ONNX model (checked by :func:`check_request`)."""
-    return solve_sharding(
+    return SOLVE_SHARDING.get()(
         _model(problem),
         mesh=options.extra.get("mesh"),
         method=method,
@@ -253,7 +287,7 @@ def _solve_joint(problem: Problem, method: str, options: SolveOptions) -> Result
     """The joint plan of the ONNX model ``problem.graph_path`` (checked by
     :func:`check_request`)."""
     if options.training is not None:
-        return plan_joint_training(
+        return PLAN_JOINT_TRAINING.get()(
             _model(problem),
             _model_cluster(problem),
             options.training,
@@ -263,7 +297,7 @@ def _solve_joint(problem: Problem, method: str, options: SolveOptions) -> Result
             space=joint_space(problem, options),
             progress=options.watcher(),
         )
-    return plan_joint(
+    return PLAN_JOINT.get()(
         _model(problem),
         _model_cluster(problem),
         memory=problem.memory,

@@ -26,6 +26,7 @@ from solver.pipeline.registry import METHODS
 from solver.spmd.model import load_model
 from solver.spmd.plan import METHODS as SPMD_METHODS
 from solver.spmd.solve import solve_sharding
+from tests.cli_runner import run
 from tests.joint.test_planner import tiny_model
 
 
@@ -279,3 +280,21 @@ def test_joint_refuses_the_interleaved_schedule(tmp_path):
     expected = "--schedule interleaved does not apply to --method joint yet; use gpipe or 1f1b"
     with pytest.raises(MtppError, match=f"^{re.escape(expected)}$"):
         solve(problem, "joint", options)
+
+
+def test_a_training_plan_of_an_onnx_model_prices_its_backward_as_the_command_line(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(tiny_model(), path)
+    spec = TrainingSpec("1f1b", 4)
+    options = SolveOptions(time_limit=20.0, workers=1, training=spec)
+    plan = solve(Problem(graph_path=path, devices=2), "cpsat", options)
+    flags = ["-k", "2", "--schedule", "1f1b", "--microbatches", "4", "--workers", "1"]
+    code, out, _ = run(capsys, "solve", path, *flags, "--json", "-q")
+    cli = json.loads(out)
+    assert code == 0 and plan.status == cli["status"] == OPTIMAL
+    assert plan.objective == pytest.approx(cli["objective"], rel=1e-9)
+    # the backward is what the plan pays for: the graph read without it plans another T
+    forward_only = load(Problem(graph_path=path, devices=2))
+    assert load(Problem(graph_path=path, devices=2), training_costs=True).graph.work_backward.any()
+    other = solve(Problem(graph=forward_only.graph, cluster=forward_only.cluster), "cpsat", options)
+    assert other.objective != pytest.approx(plan.objective, rel=1e-6)

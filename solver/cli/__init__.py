@@ -10,11 +10,21 @@ planner, and a command's module (solver.cli.solve, solver.cli.shard, ...) is imp
 that command runs (:func:`command_function`, the one place). Each command module then imports
 what it needs at its top (planners, back ends, plan files), without lazy imports of ``solver.*``;
 only external heavy packages (rich, matplotlib, onnx) stay inside the functions that use them.
+
+The process's own run (:func:`main` without arguments: the ``mtpp`` script, ``python -m
+solver.cli``) hands what it has loaded to the garbage collector's permanent generation twice
+(``gc.freeze``): once the command's modules are imported, so that the collections during the
+command do not walk them again, and when the command is done, so that the interpreter's
+collections at exit skip everything (they took 0.1-0.15 s of CPU after a pipeline solve,
+more once OR-Tools and pandas are loaded). Nothing else changes: files are closed by the
+commands, ``atexit`` handlers run, threads are joined. A call with ``argv`` (tests, scripts)
+leaves the collector alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -108,7 +118,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; return its exit code (0 ok, 2 user mistake, 3 our bug, 130 Ctrl-C)."""
+    """Run one command; return its exit code (0 ok, 2 user mistake, 3 our bug, 130 Ctrl-C).
+    Without ``argv``: the process's own command line, the process ending next (module
+    docstring)."""
+    own_process = argv is None
+    code = run_command(argv, own_process)
+    if own_process:
+        gc.freeze()  # the interpreter's collections at exit skip all of it (module docstring)
+    return code
+
+
+def run_command(argv: list[str] | None, own_process: bool = False) -> int:
+    """:func:`main`'s work: parse ``argv`` (None: ``sys.argv``), run the command, turn every
+    error into its one line and exit code; ``own_process``: freeze what the command's
+    imports loaded before it runs (module docstring)."""
     warnings.showwarning = _show_warning
     parser = build_parser()
     try:
@@ -130,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             EXIT_USER,
         )
     try:
-        code = command_function(args.command)(args)
+        command = command_function(args.command)
+        if own_process:
+            gc.freeze()  # loaded for good: later collections need not walk it (module docstring)
+        code = command(args)
         sys.stdout.flush()  # a closed pipe must surface here, not at interpreter exit
         return code
     except MtppError as e:
