@@ -83,8 +83,8 @@ def reference_bins(ch: Chain, cap: float, k: int, Bm: float) -> int:
 
 def _chains(g: Graph, Bm: float) -> list[Chain]:
     it = items(g)
-    kinds = [Chain(g, it.work, np.zeros_like(it.work), 1.0)]
-    kinds.append(Chain(g, Bm * it.work + it.charged, it.act, 1.0))
+    kinds = [Chain(g, it.work, np.zeros_like(it.work), 1.0, refine=False)]
+    kinds.append(Chain(g, Bm * it.work + it.charged, it.act, 1.0, refine=False))
     return [ch for ch in kinds if ch.ok and ch.m > 0]
 
 

@@ -136,10 +136,10 @@ def group_chain_bound(
     if memory and math.isinf(M):
         return lo
     if memory:
-        ch = Chain(fast_g, Bm * it.work + it.charged, it.act, B)
+        ch = Chain(fast_g, Bm * it.work + it.charged, it.act, B, refine=False)
         scale, base = Bm, M
     else:
-        ch = Chain(fast_g, it.work, np.zeros_like(it.work), B)
+        ch = Chain(fast_g, it.work, np.zeros_like(it.work), B, refine=False)
         scale, base = 1.0, 0.0
     if not ch.ok or ch.m == 0:
         return lo

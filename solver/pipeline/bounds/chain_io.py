@@ -25,15 +25,23 @@ import numpy as np
 
 from solver.core.cluster import Cluster
 from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds.gap_io import (
+    MAX_GAP_NODES,
+    gap_graph,
+    interior_cut,
+    io_density,
+)
 from solver.pipeline.bounds.items import Items
 from solver.pipeline.dp.separators import separators
 
 
 class Chain:
     """Separators in order, the divisible volume of each gap, and separator-to-separator
-    tensors (size in seconds of link time)."""
+    tensors (size in seconds of link time). ``refine``: also each gap's interior cut and io
+    density (:mod:`solver.pipeline.bounds.gap_io`; otherwise the interior cut is the gap cut
+    and the density 0, which claims nothing more)."""
 
-    def __init__(self, g: Graph, size: np.ndarray, act: np.ndarray, B: float):
+    def __init__(self, g: Graph, size: np.ndarray, act: np.ndarray, B: float, refine: bool = True):
         cg, _ = coarse_view(g)
         sep = separators(cg)
         self.ok = sep is not None
@@ -69,7 +77,12 @@ class Chain:
             last = int(cons.max())
             self.outs[p].append((last, sec))
             self.ends[last].append((p, sec))
-        self.cut = gap_cuts(cg, sep, gap, pos) / B
+        refined = gap_cuts(cg, sep, gap, pos, size if refine else None)
+        self.cut = refined.cut / B
+        # a boundary strictly inside gap g pays at least cut_in[g] (>= cut[g]); a bin holding
+        # only gap-g nodes pays at least density[g] link seconds per unit of its volume
+        self.cut_in = np.maximum(refined.interior / B, self.cut)
+        self.density = refined.density / B
         self.sums, self.small = gap_subset_sums(size, gap, sep, m)
         self._arrays()
 
@@ -81,7 +94,7 @@ class Chain:
         m = self.m
         self.size_a, self.act_a = np.array(self.size), np.array(self.act)
         self.fluid_a, self.small_a = np.array(self.fluid), np.array(self.small)
-        self.cut_a = self.cut
+        self.cut_a, self.cut_in_a, self.density_a = self.cut, self.cut_in, self.density
         self.t_prod = np.array([p for p in range(m) for _ in self.outs[p]], dtype=np.int64)
         self.t_last = np.array([c for p in range(m) for c, _ in self.outs[p]], dtype=np.int64)
         self.t_sec = np.array([x for p in range(m) for _, x in self.outs[p]], dtype=float)
@@ -128,56 +141,58 @@ def gap_subset_sums(
     return sums, small
 
 
-def gap_cuts(cg: Graph, sep: np.ndarray, gap: np.ndarray, pos: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class GapCuts:
+    """Per gap (m + 1 entries, bytes): the least cut, the least interior cut (inf: no boundary
+    can fall strictly inside the gap) and the io density (bytes per unit of size)."""
+
+    cut: np.ndarray
+    interior: np.ndarray
+    density: np.ndarray
+
+
+def gap_cuts(
+    cg: Graph, sep: np.ndarray, gap: np.ndarray, pos: np.ndarray, size: np.ndarray | None = None
+) -> GapCuts:
     """For each gap g between separators s_{g-1} and s_g (0 < g < m), the fewest bytes a
     plan sends across it when s_{g-1} and s_g are in different blocks: a minimum cut of the
     gap's own subgraph with s_{g-1} on the left, s_g on the right, the left side closed under
     predecessors, each tensor counted once. Only tensors produced by s_{g-1} or a gap node,
     consumed inside the gap or by s_g, and not counted by the chain io (produced by a
-    separator with a later separator consumer) take part. Bytes are rounded down."""
+    separator with a later separator consumer) take part. Bytes are rounded down.
+    With ``size`` (the chain's volume per node) also each gap's interior cut and io density
+    (:mod:`solver.pipeline.bounds.gap_io`; without, the interior cut is the cut and the
+    density 0)."""
     from ortools.graph.python import max_flow
 
     m = int(sep.sum())
-    cuts = np.zeros(m + 1)
+    cuts, density = np.zeros(m + 1), np.zeros(m + 1)
     members: list[list[int]] = [[] for _ in range(m + 1)]
     for v in np.flatnonzero(~sep).tolist():
         members[int(gap[v])].append(v)
     s_nodes = np.empty(m, dtype=np.int64)
     s_nodes[pos[sep]] = np.flatnonzero(sep)
-    by_producer: list[list[int]] = [[] for _ in range(cg.n)]
-    for t, p in enumerate(cg.t_producer.tolist()):
-        by_producer[p].append(t)
-    e_by_dst: dict[int, list[int]] = {}
-    for a, b in zip(cg.e_src.tolist(), cg.e_dst.tolist(), strict=True):
-        e_by_dst.setdefault(b, []).append(a)
-    for g in range(1, m):
-        if not members[g]:
+    interior = np.full(m + 1, -1.0)
+    for g in range(m + 1):
+        if size is not None and 0 < len(members[g]) <= MAX_GAP_NODES:
+            density[g] = io_density(cg, members[g], size)
+        if not 0 < g < m or not members[g]:
             continue
-        left, right = int(s_nodes[g - 1]), int(s_nodes[g])
-        local = [left, *members[g], right]
-        idx = {v: i for i, v in enumerate(local)}
+        gg = gap_graph(cg, members[g], int(s_nodes[g - 1]), int(s_nodes[g]), pos, g)
         f = max_flow.SimpleMaxFlow()
-        nxt = len(local)
-        for v in local[:-1]:
-            for t in by_producer[v]:
-                cons = cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]]
-                if v == left and (pos[cons] > g - 1).any():
-                    continue  # a separator-to-separator tensor: the chain io counts it
-                inside = [idx[c] for c in cons.tolist() if c in idx and c != v]
-                size = int(cg.t_size[t])
-                if not inside or size == 0:
-                    continue
-                f.add_arc_with_capacity(idx[v], nxt, size)
-                for c in inside:
-                    f.add_arc_with_capacity(nxt, c, INF)
-                nxt += 1
-        for b in local:
-            for a in e_by_dst.get(b, ()):
-                if a in idx:
-                    f.add_arc_with_capacity(idx[b], idx[a], INF)  # b left => a left
-        if f.solve(0, len(local) - 1) == f.OPTIMAL:
+        nxt = len(gg.local)
+        for p, cons, bytes_ in gg.tensors:
+            f.add_arc_with_capacity(p, nxt, bytes_)
+            for c in cons:
+                f.add_arc_with_capacity(nxt, c, INF)
+            nxt += 1
+        for b, a in gg.order:
+            f.add_arc_with_capacity(b, a, INF)  # b left => a left
+        if f.solve(0, len(gg.local) - 1) == f.OPTIMAL:
             cuts[g] = float(f.optimal_flow())
-    return cuts
+        if size is not None and len(gg.local) <= MAX_GAP_NODES:
+            interior[g] = interior_cut(gg, size)
+    return GapCuts(cuts, np.maximum(interior, cuts), density)
 
 
 @dataclass(frozen=True)
@@ -185,13 +200,15 @@ class Reach:
     """The bins starting in one gap g, per gap g2 = g + 1, g + 2, ... they can end in (index
     g2 - g - 1), with nothing of gap g taken yet: ``load_peak`` = the separators' and whole
     gaps' volume plus the largest peak (non-decreasing), ``io`` = io_in + io_out + the cut out
-    of gap g2 (link seconds), ``extra`` = what s_{g-1}'s block sends them (link seconds), and
-    ``limit``: the arrays stop at the first load_peak above it (inf: they run to the end)."""
+    of gap g2 (link seconds; io_in with the cut into gap g), ``extra`` = what s_{g-1}'s
+    block sends them (link seconds), and ``limit``: the arrays stop at the first load_peak
+    above it (inf: they run to the end)."""
 
     load_peak: np.ndarray
     io: np.ndarray
     extra: np.ndarray
     limit: float
+    core: np.ndarray  # io without the cut into gap g and the cut out of gap g2
 
 
 @dataclass(frozen=True)
@@ -226,11 +243,20 @@ def _reach(ch: Chain, g: int, limit: float) -> Reach:
     _, first = np.unique(ch.p_tensor[live], return_index=True)
     cons, sec, prod = ch.p_cons[live][first], ch.p_sec[live][first], ch.p_prod[live][first]
     head = ch.cut_a[g] if g > 0 else 0.0
-    io_in = head + np.cumsum(np.bincount(cons - g, sec, minlength=m - g)[:n])
+    core = np.cumsum(np.bincount(cons - g, sec, minlength=m - g)[:n]) + io_out
     back = prod == g - 1  # produced by s_{g-1}: sent by the block just before
     extra = head + np.cumsum(np.bincount(cons[back] - g, sec[back], minlength=m - g)[:n])
-    io = io_in + io_out + ch.cut_a[g + 1 : g + 1 + n]
-    return Reach(load_peak, io, extra, limit if n < m - g else math.inf)
+    io = head + core + ch.cut_a[g + 1 : g + 1 + n]
+    return Reach(load_peak, io, extra, limit if n < m - g else math.inf, core)
+
+
+def _reach_of(ch: Chain, g: int, rest: float, cap: float) -> Reach:
+    """The reach of gap g, computed once per chain (and again only for a larger capacity)."""
+    reach = ch.reach.get(g)
+    if reach is None or cap - rest > reach.limit:
+        reach = _reach(ch, g, 2.0 * cap)
+        ch.reach[g] = reach
+    return reach
 
 
 def bin_profile_arrays(
@@ -239,10 +265,7 @@ def bin_profile_arrays(
     """A bin starting in gap g with ``rest`` of that gap's volume, at capacity ``cap``: the
     gaps it can end in and the volume of each it can still take (:class:`Profile`). The
     reach of gap g is computed once per chain (and again only for a larger capacity)."""
-    reach = ch.reach.get(g)
-    if reach is None or cap - rest > reach.limit:
-        reach = _reach(ch, g, 2.0 * cap)
-        ch.reach[g] = reach
+    reach = _reach_of(ch, g, rest, cap)
     stop = int(np.searchsorted(reach.load_peak, cap - rest, side="right"))
     base = cap - rest - reach.load_peak[:stop] - Bm * reach.io[:stop]
     ok = np.flatnonzero(base >= 0)
@@ -284,40 +307,91 @@ def _rooms(ch: Chain, ends: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.minimum(np.minimum(y, pick + ch.small_a[ends]), ch.fluid_a[ends])
 
 
-def _expand(ch, g: int, i: int, rest: float, cap: float, Bm: float, best_i, best_x) -> None:
-    """Bin i + 1 starting in gap g with ``rest`` of its volume: update every gap it can end in."""
-    p = bin_profile_arrays(ch, g, rest, cap, Bm)
-    better = (i + 1 < best_i[p.ends]) | ((i + 1 == best_i[p.ends]) & (p.room > best_x[p.ends]))
-    best_i[p.ends[better]] = i + 1
-    best_x[p.ends[better]] = p.room[better]
+@dataclass(frozen=True)
+class Ends:
+    """Where a bin can end (the gaps ``ends``) and the most volume it can take of each
+    (``taken``: with an interior cut when that volume is strictly inside the gap, the whole
+    gap with the gap cut; -1 when it can take none). It can always end taking nothing (the gap
+    cut)."""
+
+    ends: np.ndarray
+    taken: np.ndarray
+
+
+def bin_ends(ch: Chain, g: int, rest: float, cap: float, Bm: float, head: float) -> Ends:
+    """A bin starting in gap g with ``rest`` of that gap's volume and ``head`` link seconds
+    received across its cut into gap g, at capacity ``cap``: the gaps it can end in and how
+    much of each it can take (:class:`Ends`)."""
+    reach = _reach_of(ch, g, rest, cap)
+    stop = int(np.searchsorted(reach.load_peak, cap - rest, side="right"))
+    free = cap - rest - reach.load_peak[:stop] - Bm * (head + reach.core[:stop])
+    ends = np.arange(g + 1, g + 1 + stop)
+    base_lo = free - Bm * ch.cut_a[ends]
+    ok = np.flatnonzero(base_lo >= 0)
+    ends, base_lo = ends[ok], base_lo[ok]
+    base_in = free[ok] - Bm * ch.cut_in_a[ends]
+    fluid = ch.fluid_a[ends]
+    taken = np.where(_rooms(ch, ends, base_lo) >= fluid, fluid, -1.0)
+    inner = np.flatnonzero(base_in >= 0)
+    taken[inner] = np.maximum(taken[inner], _rooms(ch, ends[inner], base_in[inner]))
+    return Ends(ends, taken)
+
+
+def _states(ch: Chain, g: int, col: np.ndarray, zero: float, per_bin: float) -> list:
+    """The states of gap g worth expanding, as (bins, volume of gap g taken): the bins that
+    took some of it (``col[i]``: the most with i bins, -1: none) that no state with fewer bins
+    matches after gap-only bins of ``per_bin`` each, and the fewest bins ``zero`` that took
+    none of it (their successor pays the gap cut, not the interior one) unless a state with
+    no more bins took it all (or the interior cut is no dearer)."""
+    fluid = ch.fluid[g]
+    kept: list[tuple[int, float]] = []
+    for i in np.flatnonzero(col >= 0).tolist():
+        x = float(col[i])
+        if zero < i and min(fluid, (i - zero) * per_bin) >= x:
+            continue
+        if any(min(fluid, x1 + (i - i1) * per_bin) >= x for i1, x1 in kept):
+            continue
+        kept.append((i, x))
+    same = ch.cut_in[g] <= ch.cut[g]
+    if math.isfinite(zero) and not any(i1 <= zero and (same or x1 >= fluid) for i1, x1 in kept):
+        kept.append((int(zero), 0.0))
+    return kept
 
 
 def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
     """Fewest bins of capacity ``cap`` (bytes-equivalent) covering the chain, io included;
-    k + 1 when more than k are needed."""
+    k + 1 when more than k are needed. A bin holding only gap-g volume takes at most
+    ``cap / (1 + Bm * density[g])`` of it (its io is at least the density times its volume);
+    a bin that ends strictly inside gap g pays its interior cut, and so does the bin after a
+    boundary strictly inside it (docs/bounds.md, "interior cuts and io density")."""
     if cap <= 0:
         return 0  # no claim at a zero capacity (the bound starts above it)
     m = ch.m
-    best_i = np.full(m + 1, math.inf)
-    best_x = np.full(m + 1, -1.0)
-    best_i[0], best_x[0] = 0, 0.0
-    fluid = ch.fluid
+    front = np.full((k + 1, m + 1), -1.0)  # [bins, gap]: the most volume of the gap taken
+    zero = np.full(m + 1, math.inf)  # fewest bins ending at a gap, taking none of it
+    zero[0] = 0
     finish = math.inf
     for g in range(m + 1):
-        if best_i[g] >= min(k + 1, finish):
-            continue
-        rest0 = fluid[g] - float(best_x[g])
-        if g == m:
-            extra = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 else 0  # rounded to fit
-            finish = min(finish, best_i[g] + extra)
-            continue
-        # bins holding only gap g's divisible volume may come first: r of them
-        r_max = math.ceil(rest0 / cap - 1e-12) if rest0 > 0 and cap > 0 else 0
-        for r in range(r_max + 1):
-            i = int(best_i[g]) + r
-            if i >= min(k, finish):
-                break
-            _expand(ch, g, i, max(0.0, rest0 - r * cap), cap, Bm, best_i, best_x)
+        per_bin = cap / (1.0 + Bm * float(ch.density_a[g]))
+        for i, x in _states(ch, g, front[:, g], float(zero[g]), per_bin):
+            if i >= min(k + 1, finish):
+                continue
+            rest0 = ch.fluid[g] - x
+            # bins holding only gap g's divisible volume may come first: r of them
+            r_max = math.ceil(rest0 / per_bin - 1e-12) if rest0 > 0 else 0  # rounded to fit
+            if g == m:
+                finish = min(finish, i + r_max)
+                continue
+            for r in range(r_max + 1):
+                if i + r >= min(k, finish):
+                    break
+                rest = max(0.0, rest0 - r * per_bin)
+                interior = 0 < rest < ch.fluid[g]
+                head = 0.0 if g == 0 else float((ch.cut_in if interior else ch.cut)[g])
+                e = bin_ends(ch, g, rest, cap, Bm, head)
+                zero[e.ends] = np.minimum(zero[e.ends], i + r + 1)
+                row = front[i + r + 1]
+                row[e.ends] = np.maximum(row[e.ends], np.where(e.taken > 0, e.taken, -1.0))
     return int(finish) if finish <= k else k + 1
 
 
