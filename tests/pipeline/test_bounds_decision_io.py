@@ -139,3 +139,11 @@ def test_layered_dag_proves_more_than_the_universal_bound():
     rep = certified_lower_bound(g, cluster, time_limit=6.0, ideals=False)
     assert rep.bounds["decision io"] > rep.bounds["universal"] * (1 + 1e-3)
     assert rep.binding == "decision io"
+
+
+def test_hulls_past_their_deadline_give_nothing():
+    """The hulls stop at their deadline (the bound is then skipped, never guessed)."""
+    g = layered_dag(200, seed=1)
+    cluster = Cluster("ipu", 8, fast_memory=math.inf, link_bandwidth=64e9)
+    assert forced_io(coarse_view(g)[0], cluster, deadline=0.0) is None
+    assert forced_io(coarse_view(g)[0], cluster) is not None

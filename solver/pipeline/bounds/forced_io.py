@@ -16,6 +16,8 @@ computed exactly from reachability bitsets (docs/bounds.md, "decision io").
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +66,12 @@ def reach_bits(g: Graph, down: bool) -> list[int]:
     return reach
 
 
-def bits_sums(sets: list[int], weights: np.ndarray) -> np.ndarray:
+def bits_sums(
+    sets: list[int], weights: np.ndarray, deadline: float = math.inf
+) -> np.ndarray | None:
     """Sums of each weight column (``weights``: nodes x columns) over each bitset's nodes:
-    per byte of the bitsets a table of the 256 sums of its 8 nodes, looked up and added."""
+    per byte of the bitsets a table of the 256 sums of its 8 nodes, looked up and added
+    (None when ``deadline``, a ``time.perf_counter()`` value, passes first)."""
     n, cols = weights.shape
     nbytes = (n + 7) // 8
     padded = np.zeros((nbytes * 8, cols))
@@ -77,6 +82,8 @@ def bits_sums(sets: list[int], weights: np.ndarray) -> np.ndarray:
     out = np.empty((len(sets), cols))
     pos = np.arange(nbytes)
     for lo in range(0, len(sets), ROW_BATCH):
+        if time.perf_counter() > deadline:
+            return None
         rows = b"".join(x.to_bytes(nbytes, "little") for x in sets[lo : lo + ROW_BATCH])
         vals = np.frombuffer(rows, np.uint8).reshape(-1, nbytes)
         out[lo : lo + ROW_BATCH] = table[pos, vals].sum(axis=1)
@@ -91,9 +98,10 @@ def first_user_bytes(g: Graph) -> np.ndarray:
     return charged
 
 
-def forced_io(cg: Graph, cluster: Cluster) -> ForcedIo | None:
+def forced_io(cg: Graph, cluster: Cluster, deadline: float = math.inf) -> ForcedIo | None:
     """The hulls of every (tensor, consumer) pair of the coarse graph ``cg`` (None above
-    MAX_NODES nodes; no tensor when none has a consumer other than its producer)."""
+    MAX_NODES nodes or past ``deadline``; no tensor when none has a consumer other than its
+    producer)."""
     if cg.n > MAX_NODES:
         return None
     tensor = np.repeat(np.arange(cg.num_tensors), np.diff(cg.t_ptr))
@@ -113,7 +121,12 @@ def forced_io(cg: Graph, cluster: Cluster) -> ForcedIo | None:
     wide = np.array([h != q for h, q in zip(hulls, pair, strict=True)], dtype=bool)
     sums = weights[prod] + weights[cons]
     if wide.any():
-        sums[wide] = bits_sums([h for h, w in zip(hulls, wide.tolist(), strict=True) if w], weights)
+        found = bits_sums(
+            [h for h, w in zip(hulls, wide.tolist(), strict=True) if w], weights, deadline
+        )
+        if found is None:
+            return None
+        sums[wide] = found
     peak = np.maximum(cg.act[prod], cg.act[cons]).astype(float)
     cost = sums[:, 0] + overflow(sums[:, 1], peak, cluster)
     used = np.unique(tensor)
