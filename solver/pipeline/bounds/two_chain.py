@@ -51,14 +51,16 @@ from solver.pipeline.dp.two_chain import (
     TwoChains,
     TwoChainUnsupported,
     assignment_of,
+    chain_bottleneck,
     fewest_blocks,
     sorted_partial,
     two_chains,
 )
 
 MIN_SIDE_SHARE = 0.01  # the side branch's least share of the work (else: not two chains)
-TWO_CHAIN_BUDGETS = (0.3, 0.2, 0.1)  # the work removed from B (share of the total), tried in
-# this order while time is left: the most removed first (B has the most separators)
+TWO_CHAIN_BUDGETS = (0.1, 0.2, 0.3)  # the work removed from B (share of the total), tried
+# in this order while time is left: the least removed first (the tightest relaxation; when B
+# then keeps a gap of too many ideals the DP declines at once and the next one is tried)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ def two_chain_bound(
 ) -> TwoChainBound:
     """The two-chain bound of ``g`` on ``k`` blocks of ``cluster`` (homogeneous; its work and
     io, overflow left out): per relaxation (TWO_CHAIN_BUDGETS), a probe at ``floor`` (a
-    bound known already: a relaxation that fits there proves nothing more), a probe just
-    below ``target`` (a plan's cost), then bisection to SPINE_REL_TOL."""
+    bound known already: a relaxation that fits there proves nothing more), then probes from
+    just below ``target`` (a plan's cost) down, to SPINE_REL_TOL (:func:`_descend`)."""
     deadline = time.perf_counter() + time_limit
     cg, _ = coarse_view(g)
     split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
@@ -173,7 +175,7 @@ def private_credits(
     cg: Graph, keep: np.ndarray, in_a: np.ndarray, bandwidth: float
 ) -> tuple[CreditGroup, ...]:
     """The credit groups of the relaxation of ``cg`` keeping ``keep`` (``in_a``: A on the
-    kept nodes): per tensor t of A and kept reader c on B, the work of the removed nodes
+    kept nodes): per tensor t and kept reader c on B, the work of the removed nodes
     *private* to c from t (each reads only t or their own, every tensor it produces is at
     least as large as t and read only by c or by them), at most t's link time; a reader
     with a removed node that feeds only it but breaks one of these rules gets none."""
@@ -193,7 +195,7 @@ def private_credits(
     t_new[keep[cg.t_producer]] = np.arange(int(keep[cg.t_producer].sum()))
     groups: dict[int, list[tuple[int, float]]] = {}
     for (t, c), w in sorted(work.items()):
-        if c in broken or not in_a[new[cg.t_producer[t]]] or in_a[new[c]]:
+        if c in broken or in_a[new[c]]:
             continue
         groups.setdefault(t, []).append((int(new[c]), min(w, float(cg.t_size[t]) / bandwidth)))
     return tuple(
@@ -240,22 +242,36 @@ def _reads(cg: Graph, v: int) -> np.ndarray:
 def _largest_infeasible(
     tc: TwoChains, k: int, floor: float, target: float | None, deadline: float
 ) -> float:
-    """The largest T found at which the DP has no plan (0 when none above ``floor``)."""
+    """The largest T found at which the DP has no plan (0 when none above ``floor``): a probe
+    at the floor, then :func:`_descend` from the target (or from one block's cost)."""
     srt = sorted_partial(tc)
-
-    def infeasible(t: float) -> bool:
-        return fewest_blocks(tc, srt, t, k) is None
-
-    if floor > 0 and not infeasible(floor):
+    if floor > 0 and fewest_blocks(tc, srt, floor, k) is not None:
         return 0.0
     hi = target if target is not None and math.isfinite(target) else _top(tc)
-    near = hi / (1 + TARGET_BAND)
-    if near > floor and infeasible(near):
-        return near
-    lo = floor
+    return _descend(tc, srt, k, (floor, hi), deadline, lambda chain: None)
+
+
+def _descend(tc: TwoChains, srt, k: int, between: tuple[float, float], deadline: float, seen):
+    """Probes between a proven-infeasible T and a feasible one (``between``), first just below
+    the feasible end: a feasible probe's chain lowers that end to its own bottleneck (and is
+    shown to ``seen``), an infeasible one raises the other; a step that closed less than a
+    quarter of the interval is followed by its midpoint. Stops within SPINE_REL_TOL or at the
+    deadline; returns the infeasible end."""
+    lo, hi = between
+    near = True
     while hi - lo > SPINE_REL_TOL * hi and time.perf_counter() < deadline:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if infeasible(mid) else (lo, mid)
+        t = hi / (1 + TARGET_BAND) if near else 0.5 * (lo + hi)
+        chain = fewest_blocks(tc, srt, t, k)
+        if chain is None:
+            lo = t
+            near = False
+            if t >= hi / (1 + 2 * TARGET_BAND):
+                break  # just below a feasible T: within the band of the optimum
+            continue
+        seen(chain)
+        new_hi = min(t, chain_bottleneck(tc, chain))
+        near = hi - new_hi >= 0.25 * (hi - lo)
+        hi = new_hi
     return lo
 
 
@@ -282,8 +298,8 @@ def two_chain_plan(
 ) -> TwoChainPlan | None:
     """The best plan below ``upper`` of the DP on the pinned graphs (one per budget of
     TWO_CHAIN_BUDGETS, the removed nodes merged into the node they feed), found within
-    ``time_limit``: bisection on T from ``lower`` (a proven bound: no plan is below it), each
-    feasible T's plan priced by the evaluator."""
+    ``time_limit``: probes on T between ``lower`` (a proven bound) and ``upper``
+    (:func:`_descend`), each feasible T's plan priced by the evaluator."""
     deadline = time.perf_counter() + time_limit
     cg, labels = coarse_view(g)
     split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
@@ -317,24 +333,20 @@ def _least_feasible(
     between: tuple[float, float],
     deadline: float,
 ) -> TwoChainPlan | None:
-    """Bisection on T for the DP's plans on the pinned graph (``to_pinned``: each original
-    node's pinned node), each priced on ``g``; the best one below the upper end of
-    ``between`` (a proven bound and a known plan's cost)."""
+    """:func:`_descend` on the pinned graph (``to_pinned``: each original node's pinned node)
+    between a proven bound and a known plan's cost (``between``), each chain found priced on
+    ``g``; the best one below that cost."""
     srt = sorted_partial(tc)
     lower, upper = between
-    lo, hi = lower, upper if math.isfinite(upper) else _top(tc)
-    best: TwoChainPlan | None = None
-    while time.perf_counter() < deadline:
-        t = hi / (1 + TARGET_BAND) if best is None and math.isfinite(upper) else 0.5 * (lo + hi)
-        chain = fewest_blocks(tc, srt, t, k)
-        if chain is None:
-            lo = t
-        else:
-            a = assignment_of(tc, chain, tc.a_nodes.size + tc.b_nodes.size)[to_pinned]
-            value = math.inf if validate(g, cluster, a, k) else evaluate(g, cluster, a, k).objective
-            if value < (upper if best is None else best.value):
-                best = TwoChainPlan(float(value), a)
-            hi = min(t, float(value))
-        if hi - lo <= SPINE_REL_TOL * hi:
-            break
-    return best
+    best: list[TwoChainPlan] = []
+
+    def seen(chain: list[tuple[int, int]]) -> None:
+        a = assignment_of(tc, chain, tc.a_nodes.size + tc.b_nodes.size)[to_pinned]
+        if validate(g, cluster, a, k):
+            return
+        value = float(evaluate(g, cluster, a, k).objective)
+        if value < (best[-1].value if best else upper):
+            best.append(TwoChainPlan(value, a))
+
+    _descend(tc, srt, k, (lower, upper if math.isfinite(upper) else _top(tc)), deadline, seen)
+    return best[-1] if best else None

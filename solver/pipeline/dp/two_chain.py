@@ -244,12 +244,16 @@ def two_chains(
         raise TwoChainUnsupported("a B-ideal beside A holds a reader of a tensor of A")
     f_a = _chain_costs(a_ids, _tensor_side(g, a_ids, a_nodes, own_a, bandwidth), sub_a, deadline)
     f_b = _chain_costs(b_ids, _tensor_side(g, b_ids, b_nodes, own_b, bandwidth), sub_b, deadline)
+    for group in credits:
+        if not in_a[g.t_producer[group.tensor]]:
+            f_b += _credited_within_b(g, group, b_nodes, b_ids, bandwidth)
     enter = _cross_enter(xa, xb, f_a[:, -1])
     after = f_b + _cross_after(xb, sub_b)
     for group in credits:
-        credited = _credited(g, group, (a_nodes, a_ids), (b_nodes, b_ids), bandwidth)
-        enter += credited.enter
-        after += credited.after
+        if in_a[g.t_producer[group.tensor]]:
+            credited = _credited(g, group, (a_nodes, a_ids), (b_nodes, b_ids), bandwidth)
+            enter += credited.enter
+            after += credited.after
     return TwoChains(
         a_nodes, b_nodes, a_ids, b_ids, f_a + _cross_below(xa, sub_a), f_b, enter, after,
         valid, partial, sub_a,
@@ -320,6 +324,29 @@ def _needs(
     cut = in_a[g.e_src] & ~in_a[g.e_dst]
     edge[pos_b[g.e_dst[cut]], pos_a[g.e_src[cut]]] = True
     return (b_ids.member.astype(np.float32) @ edge.astype(np.float32)) > 0
+
+
+def _credited_within_b(
+    g: Graph, group: CreditGroup, b_nodes: np.ndarray, b_ids: ChainIdeals, bandwidth: float
+) -> np.ndarray:
+    """The credit of ``group`` (a tensor produced on B) per pair of B-ideals, by the rule of
+    :func:`_credited`: the readers' credits when the producer or another reader is in the
+    block, else capped at the tensor's link time per reader beyond the first."""
+    t = group.tensor
+    seconds = float(g.t_size[t]) / bandwidth
+    others = np.setdiff1d(g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]], group.readers)
+    b_pos = np.searchsorted(b_nodes, group.readers)
+    if not np.array_equal(b_nodes[b_pos], group.readers):
+        raise TwoChainUnsupported("a credited reader is not on B")
+    held = b_ids.member[:, b_pos].sum(axis=1)
+    credit = b_ids.member[:, b_pos].astype(float) @ group.credit
+    seen = b_ids.member[:, np.isin(b_nodes, others)].sum(axis=1)
+    producer = b_ids.member[:, int(np.searchsorted(b_nodes, g.t_producer[t]))]
+    d_held = held[None, :] - held[:, None]
+    d_credit = credit[None, :] - credit[:, None]
+    capped = np.minimum(d_credit, np.maximum(d_held - 1, 0) * seconds)
+    full = (producer[None, :] & ~producer[:, None]) | (seen[None, :] > seen[:, None])
+    return np.maximum(np.where(full, d_credit, capped), 0.0)
 
 
 def _cross_below(xa: TensorSide, sub_a: np.ndarray) -> np.ndarray:
@@ -497,3 +524,18 @@ def assignment_of(tc: TwoChains, chain: list[tuple[int, int]], n: int) -> np.nda
         out[tc.a_nodes[tc.a_ids.member[a1] & ~tc.a_ids.member[a0]]] = block
         out[tc.b_nodes[tc.b_ids.member[b1] & ~tc.b_ids.member[b0]]] = block
     return out
+
+
+def chain_bottleneck(tc: TwoChains, chain: list[tuple[int, int]]) -> float:
+    """The largest block cost of a chain of pairs of ideals, from the DP's tables."""
+    last = tc.a_ids.count - 1
+    worst = 0.0
+    for (a0, b0), (a1, b1) in zip(chain, chain[1:], strict=False):
+        if a1 < last:
+            cost = tc.f_a[a0, a1] + tc.f_b[b0, b1]
+        elif a0 < last:
+            cost = tc.enter[a0, b1] + tc.f_b[b0, b1]
+        else:
+            cost = tc.after[b0, b1]
+        worst = max(worst, float(cost))
+    return worst
