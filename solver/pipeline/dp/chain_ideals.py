@@ -894,14 +894,22 @@ class ChainIdeals:
         block J minus I stores at least own_params[J] - own_params[I])."""
         return self._cost.P1
 
-    def blocks(self, weight: np.ndarray, lim: float, deadline: float, keep=None):
+    @property
+    def gap_ends(self) -> np.ndarray:
+        """Per ideal: whether it ends at a gap's end (it holds none or all of its gap)."""
+        ids = self._ids
+        sizes = np.array([len(x) for x in ids.members])
+        return ~ids.dbits.any(axis=1) | (ids.dbits.sum(axis=1) == sizes[ids.a])
+
+    def blocks(self, weight: np.ndarray, lim: float, deadline: float, keep=None, allowed=None):
         """Every block J minus I (I strictly inside J) with w(J minus I) <= about ``lim``, in
         chunks of :class:`BlockTerms` (w: a node weight >= 0, e.g. work; ``weight`` its values
         per node); with ``keep(first, last)`` (a mask over pairs of ideal indices) only those it
-        keeps are priced. Raises :class:`ChainIdealsDoNotApply` past the deadline."""
+        keeps are priced; with ``allowed`` (a mask over ideals) only blocks between allowed
+        ideals. Raises :class:`ChainIdealsDoNotApply` past the deadline."""
         ids, cost = self._ids, self._cost
         per_ideal, gap_end = ids.prefix(weight)
-        everything = np.ones(ids.N, dtype=bool)
+        everything = np.ones(ids.N, dtype=bool) if allowed is None else allowed
         for gi in range(ids.m + 1):
             if time.perf_counter() > deadline:
                 raise ChainIdealsDoNotApply("time limit while pricing blocks")

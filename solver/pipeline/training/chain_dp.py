@@ -31,7 +31,7 @@ import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,6 +51,8 @@ EPS = 1e-9  # relative slack on float comparisons; the bound is reported this mu
 REACH_SLACK = 1e-6  # relative slack of the test "q stages of t <= M cover w2 of the rest"
 STOP_GAP = 1e-7  # the search over M stops when its bound is this close to the best plan
 MAX_PLACEMENTS = 512  # group splits tried when a plan is placed on the real devices
+SHRINK_BELOW = 0.9  # the table is filtered again when the first DP's largest time is below
+# this share of the cap (otherwise the filter removes too little to pay for itself)
 
 
 @dataclass(frozen=True)
@@ -93,17 +95,29 @@ def chain_training_plan(
     cg, labels = coarse_view(g)
     try:
         chain = ChainIdeals(cg, flat, deadline)
-        table = _price(chain, cg, flat, k, spec, upper, deadline)
+        quick = _gap_end_chain(chain, cg, flat, k, spec, upper, deadline)
+        known = min(upper, quick.iteration_time(spec))
+        table = _price(chain, cg, flat, k, spec, known, deadline)
     except ChainIdealsDoNotApply as e:
         raise TrainingDPDoesNotApply(f"training chain DP: {e}") from None
     sol = TrainingSolution(ideals=chain.count, blocks=len(table.time))
-    best = _search(table, k, spec, _cap(spec, float(table.w2[-1]), upper), deadline, sol)
+    best = _search(table, k, spec, _cap(spec, float(table.w2[-1]), known), deadline, sol, quick)
     sol.lower = min(sol.lower, upper) * (1 - EPS)
     if best.ideals is not None:
         sol.assignment = chain.assignment(best.ideals)[labels]
         sol.placement, sol.cost = _placed(g, cluster, k, spec, sol.assignment)
     sol.seconds = time.perf_counter() - t0
     return sol
+
+
+def _gap_end_chain(chain: ChainIdeals, cg, cluster, k: int, spec, upper, deadline) -> StageChain:
+    """The best chain whose cuts all lie at gap ends (few ideals, quick): a plan whose T
+    prunes the blocks of the full search (no bound: the problem is restricted)."""
+    table = _price(chain, cg, cluster, k, spec, upper, deadline, allowed=chain.gap_ends)
+    if not len(table.time):
+        return NO_CHAIN
+    scratch = TrainingSolution()
+    return _search(table, k, spec, _cap(spec, float(table.w2[-1]), upper), deadline, scratch)
 
 
 def _flat_view(cluster: Cluster, spec: TrainingSpec) -> Cluster:
@@ -161,9 +175,12 @@ class _Reach:
         return 1 + self.rest[last] <= np.minimum(fits, k - self.before[first])
 
 
-def _price(chain: ChainIdeals, cg: Graph, cluster: Cluster, k: int, spec, upper, deadline):
+def _price(
+    chain: ChainIdeals, cg: Graph, cluster: Cluster, k: int, spec, upper, deadline, allowed=None
+) -> _Table:
     """The blocks a plan better than ``upper`` may use, priced by the model: w2(S) within the
-    cap, some position holds them (a floor of their memory first, then the exact one)."""
+    cap, some position holds them (a floor of their memory first, then the exact one); with
+    ``allowed`` only the blocks between those ideals."""
     w2_node = cg.work + cg.backward_work
     pre = _Prefix(
         chain.prefix(w2_node),
@@ -181,13 +198,15 @@ def _price(chain: ChainIdeals, cg: Graph, cluster: Cluster, k: int, spec, upper,
         return reach.useful(first, last, fits, k)
 
     parts, kept = [], 0
-    for blk in chain.blocks(w2_node, cap, deadline, keep=may_fit):
+    for blk in chain.blocks(w2_node, cap, deadline, keep=may_fit, allowed=allowed):
         part = _priced(blk, pre, cluster, spec, inflight, upper)
         part = [x[reach.useful(part[0], part[1], part[3], k)] for x in part]
         kept += len(part[0])
         if kept > MAX_BLOCKS:
             raise TrainingDPDoesNotApply(f"training chain DP: more than {MAX_BLOCKS:,} blocks")
         parts.append(part)
+    if not parts:
+        parts = [[np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0), np.zeros(0, np.int8)]]
     first, last, t, fits = (np.concatenate(x) for x in zip(*parts, strict=True))
     order = np.argsort(first, kind="stable")
     key = chain.order
@@ -267,7 +286,8 @@ def _relax_batch(table: _Table, D, lo: int, hi: int, k: int, M: float, rest, bef
     """D[I, q] for the ideals lo..hi-1 (one batch: none contains another) from the blocks
     that start there."""
     r0, r1 = int(table.start[lo]), int(table.start[hi])
-    if r0 == r1:
+    # a chain through I has at least before[I] stages up to I and rest[I] after it
+    if r0 == r1 or (before[lo:hi] + rest[lo:hi] > k).all():
         return
     t = table.time[r0:r1]
     J, I = table.last[r0:r1], table.first[r0:r1]
@@ -302,19 +322,27 @@ def _walk(table: _Table, D: np.ndarray, q: int, M: float) -> StageChain:
     return StageChain(total, longest, chain)
 
 
-def _search(table: _Table, k: int, spec: TrainingSpec, cap: float, deadline, sol) -> StageChain:
+def _search(
+    table: _Table, k: int, spec: TrainingSpec, cap: float, deadline, sol, seed=NO_CHAIN
+) -> StageChain:
     """min over M of a S(M) + b M by branch and bound over intervals of M (module docstring,
-    step 3); sets ``sol.lower`` (for the plans made of kept blocks) and counts the DPs."""
+    step 3); sets ``sol.lower`` (for the plans made of kept blocks) and counts the DPs.
+    ``seed``: a chain known already (its T prunes; it is returned when nothing beats it)."""
     a, b = spec.time_weights
     top = _least_sum(table, k, cap if math.isfinite(cap) else math.inf)
     sol.candidates = 1
     if top.ideals is None:
-        sol.lower, sol.note = math.inf, "no plan fits the memory"
-        return top
-    best = top
+        if seed.ideals is None:
+            sol.lower, sol.note = math.inf, "no plan fits the memory"
+        else:  # every plan with T below the seed's uses kept blocks: none exists
+            sol.lower = seed.iteration_time(spec)
+        return seed
+    best = min(top, seed, key=lambda c: c.iteration_time(spec))
     if b == 0:
         sol.lower = best.iteration_time(spec)
         return best
+    if top.longest < SHRINK_BELOW * cap:
+        table = _shrink(table, k, spec, top.longest, best.iteration_time(spec))
     floor = float(table.w2[-1]) / k  # every plan's largest stage time is at least W2 / k
     heap = [(a * top.total + b * floor, 0, _Interval(floor, top.longest, top.total))]
     tick = itertools.count(1)
@@ -348,6 +376,26 @@ def _search(table: _Table, k: int, spec: TrainingSpec, cap: float, deadline, sol
     open_bounds = [bound for bound, _, _ in heap]
     sol.lower = min([best.iteration_time(spec), *settled, *open_bounds])
     return best
+
+
+def _shrink(table: _Table, k: int, spec: TrainingSpec, M: float, best: float) -> _Table:
+    """The blocks a plan with largest stage time <= M and T below ``best`` may use (the
+    tests of :func:`_price` at M and ``best``): the search's later DPs run on fewer."""
+    a, b = spec.time_weights
+    total = float(table.w2[-1])
+    w2_s = table.w2[table.last] - table.w2[table.first]
+    keep = table.time <= M * (1 + EPS)
+    keep &= a * (total - w2_s + table.time) + b * table.time <= best * (1 + EPS)
+    keep &= _Reach.at(table.w2, M).useful(table.first, table.last, table.fits_upto, k)
+    first = table.first[keep]
+    return replace(
+        table,
+        start=np.searchsorted(first, np.arange(len(table.start))),
+        first=first,
+        last=table.last[keep],
+        time=table.time[keep],
+        fits_upto=table.fits_upto[keep],
+    )
 
 
 def _placed(g: Graph, cluster: Cluster, k: int, spec: TrainingSpec, assignment: np.ndarray):

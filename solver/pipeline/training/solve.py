@@ -61,7 +61,7 @@ DP_SHARE = 0.5  # of what is left for the exact training DP when CP-SAT may foll
 # the names of the bounds (stats["bound"]["binding"])
 DP_BOUND = "training ideal DP"
 CHAIN_BOUND = "training chain DP"  # the DP over the separator chain's ideals
-CHAIN_DP_SHARE = 0.85  # of what is left for it: CP-SAT proves little at its scale
+CHAIN_DP_SHARE = 0.95  # of what is left for it: CP-SAT proves little at its scale
 CPSAT_BOUND = "cpsat"
 ONE_BLOCK = "one block: every device tried"
 LAYER_DP = "best whole-layer split"  # the training DP over layer prefixes (a warm start)

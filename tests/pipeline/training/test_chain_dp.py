@@ -235,3 +235,31 @@ def test_solve_runs_the_chain_dp_where_the_dp_over_every_ideal_refuses(monkeypat
     # the search over M stops once its bound is within STOP_GAP of the plan
     assert truth.value * (1 - 2 * chain_dp.STOP_GAP) <= certified[CHAIN_BOUND] <= truth.value
     assert "3,000" not in plan.stats["training_solve"]["notes"]["training ideal DP"]
+
+
+@settings(max_examples=scaled_examples(20), suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.sampled_from([0.3, 0.03, 0.003]), st.sampled_from([None, 0.5]))
+def test_a_search_stopped_early_keeps_an_honest_bound(seed, stop, tight):
+    """Stopping the search over M while intervals are open (here: a loose stopping rule)
+    leaves the least open bound, never above the optimum, and a valid plan."""
+    g, cl = decoder(seed, 3)
+    spec = SPECS[1]
+    cap = None if tight is None else tight * _one_stage_memory(g, cl, spec)
+    cl = replace(cl, capacity=cap)
+    truth = exact_training_plan(g, cl, 3, spec)
+    stopped = _with_stop_gap(stop, lambda: chain_training_plan(g, cl, 3, spec))
+    if truth.assignment is None:
+        assert math.isinf(stopped.lower)
+        return
+    assert stopped.lower <= truth.value * (1 + 1e-12)
+    assert stopped.cost.valid and stopped.value >= truth.value * (1 - 1e-9)
+    assert stopped.value <= stopped.lower / (1 - stop) * (1 + 1e-6)
+
+
+def _with_stop_gap(stop: float, run):
+    saved = chain_dp.STOP_GAP
+    chain_dp.STOP_GAP = stop
+    try:
+        return run()
+    finally:
+        chain_dp.STOP_GAP = saved
