@@ -61,6 +61,8 @@ BUDGET_SHARE = 0.9  # share of the Lagrangian time the weight-budget bounds and 
 # a limit that close to the least memory; exact window solves make better use of the rest)
 LEANEST_MIX_SHARE = 0.25
 BUDGET_PLANS = 12  # plans evaluated from one weight-budget solve's tables (until one fits)
+MIX_RESERVE = 2  # evaluations' time the mixing keeps before the deadline
+BRACKET = 1.05  # the segment programme starts once the bisection's multipliers are this close
 
 
 @dataclass
@@ -195,7 +197,8 @@ def lagrange(
         stats = {"least_memory_bound": low}
         return LagrangeResult(-math.inf, None, math.inf, stats, model_seconds)
     try:
-        _search(search.run, search.budget, limit, t0, time_limit, iterations)
+        bracketed = search.segment_plan if planner.training is not None else None
+        _search(search.run, search.budget, limit, t0, time_limit, iterations, bracketed)
     except DeadlineReached:
         if not math.isfinite(search.best_lb):
             return None
@@ -228,6 +231,8 @@ class _LagrangeSearch:
         self.unpriced_floor = self.p_floor if planner.training is None else 0.0
         self.best_lb = -math.inf
         self.best_lambda = 0.0  # the multiplier of the best Lagrangian bound
+        self.segment_planned = False
+        self.evaluate_seconds = 0.0  # the longest evaluation of a plan so far
         self.best: _Found | None = None
         self.stats: dict = {}
         self.evaluated = 0
@@ -280,7 +285,9 @@ class _LagrangeSearch:
             self.best_lambda = lam
         self.raise_bound(bound, "lagrangian")
         strategies = self.strategies_of(choice)
+        t0 = time.perf_counter()
         program = evaluate(self.planner, strategies)
+        self.evaluate_seconds = max(self.evaluate_seconds, time.perf_counter() - t0)
         self.plans.append((strategies, program))
         self.evaluated += 1
         ok = limit is None or program.memory_per_device <= limit
@@ -365,9 +372,16 @@ class _LagrangeSearch:
     def segment_plan(self) -> None:
         """The dynamic programme over the segments (solver/spmd/segment_dp.py), its options
         the minimisers of each segment at multiples of the best multiplier: a plan that fits
-        close to the Lagrangian bound when the limit binds (repeated layers mixed)."""
+        close to the Lagrangian bound when the limit binds (repeated layers mixed). Training
+        only: there the memory is a sum over the segments (weights and kept outputs) plus one
+        copy set; in inference the activation peak is not."""
         lam = self.best_lambda
-        if self.limit is None or lam <= 0 or self.proven() or time.perf_counter() > self.deadline:
+        if self.planner.training is None or self.limit is None or lam <= 0 or self.proven():
+            return
+        if self.segment_planned:
+            return
+        self.segment_planned = True
+        if time.perf_counter() > self.deadline:
             return
         t0 = time.perf_counter()
         try:
@@ -402,10 +416,10 @@ class _LagrangeSearch:
         limit, plans, planner = self.limit, self.plans, self.planner
         if self.best is None or limit is None or len(plans) <= 1 or self.proven():
             return
-        end = self.deadline
+        end = self.deadline - MIX_RESERVE * self.evaluate_seconds  # the last one ends in time
         if self.stats.get("leanest_plan_started_mixing"):  # the rest for exact windows
             end = time.perf_counter() + LEANEST_MIX_SHARE * (end - time.perf_counter())
-        packed = knapsack_segments(planner, plans, limit)
+        packed = knapsack_segments(planner, plans, limit) if time.perf_counter() < end else None
         mixed = mix_segments(planner, plans, limit, end)
         for found in (packed, mixed):
             if found is not None:
@@ -428,27 +442,45 @@ class _LagrangeSearch:
         return LagrangeResult(self.best_lb, self.best.strategies, self.best.objective, stats)
 
 
-def _search(run, budget, limit, t0: float, time_limit: float, iterations: int) -> None:
+def _search(
+    run, budget, limit, t0: float, time_limit: float, iterations: int, bracketed=None
+) -> None:
     """lambda = 0, then the weight-budget bounds, then, only when they gave no bound (they are
     at least as tight where they exist, and the time left goes to mixing their plans),
     bisection on lambda (on a log scale) between a lambda whose plan does not fit and one
-    whose plan fits."""
-    if not run(0.0) and limit is not None and not budget():
-        lo, hi = 0.0, None
-        lam = 1e-12
-        while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
-            if run(lam):
-                hi = lam
-            else:
-                lo, lam = lam, lam * 10
-        for _ in range(iterations):
-            if hi is None or time.perf_counter() - t0 > time_limit or hi - lo <= 1e-9 * hi:
-                break
-            mid = math.sqrt(lo * hi) if lo > 0 else hi / 10
-            if run(mid):
-                hi = mid
-            else:
-                lo = mid
+    whose plan fits. With ``bracketed`` (training: the segment programme) the bisection runs
+    first, ``bracketed()`` once the two multipliers are within BRACKET of each other (the
+    multiplier is known well enough to build plans from), and the weight-budget bounds get
+    the time left after it (in training they seldom find a unit, and slowly)."""
+    if run(0.0) or limit is None:
+        return
+    if bracketed is None and budget():
+        return
+    _bisect(run, t0, time_limit, iterations, bracketed)
+    if bracketed is not None and time.perf_counter() - t0 < time_limit:
+        budget()
+
+
+def _bisect(run, t0: float, time_limit: float, iterations: int, bracketed) -> None:
+    """The bisection of :func:`_search`."""
+    lo, hi = 0.0, None
+    lam = 1e-12
+    while hi is None and time.perf_counter() - t0 < time_limit and lam < 1e6:
+        if run(lam):
+            hi = lam
+        else:
+            lo, lam = lam, lam * 10
+    for _ in range(iterations):
+        if hi is None or time.perf_counter() - t0 > time_limit or hi - lo <= 1e-9 * hi:
+            break
+        if bracketed is not None and lo > 0 and hi <= BRACKET * lo:
+            bracketed()
+            bracketed = None
+        mid = math.sqrt(lo * hi) if lo > 0 else hi / 10
+        if run(mid):
+            hi = mid
+        else:
+            lo = mid
 
 
 def segments(planner: Planner) -> list[range]:

@@ -26,7 +26,7 @@ import numpy as np
 from solver.spmd.program import Planner, evaluate
 
 DP_LEVELS = 4096  # the bytes above each segment's least are counted in this many units
-DP_RETRIES = 3  # budgets tried when a plan's exact memory breaks the limit
+DP_RETRIES = 3  # solves, the room corrected by the exact memory of the last plan
 # multiples of the Lagrangian multiplier whose minimisers each segment offers
 LAMBDA_FACTORS = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0, 3.0, 5.0)
 
@@ -207,21 +207,26 @@ class SegmentProgramme:
     # ------------------------------------------------------------------ the programme
     def plan(self, limit: float, deadline: float) -> SegmentPlan | None:
         """The least-time choice of options that fits ``limit`` (bytes rounded up, beside the
-        largest copy set of the options), priced by evaluate; the budget shrinks by the excess
-        when the exact memory breaks the limit. None when none fits."""
+        largest copy set of the options), priced by evaluate; the room is corrected by what
+        the exact memory of its plan leaves or breaks, up to DP_RETRIES solves. The fastest
+        plan that fits, or None."""
         budget = limit - self.fixed_bytes()
+        best = None
         for _ in range(DP_RETRIES):
             if budget <= 0 or time.perf_counter() > deadline:
-                return None
+                break
             chosen = self.solve(budget, deadline)
             if chosen is None:
-                return None
+                break
             strategies = self.strategies(chosen)
             program = evaluate(self.planner, strategies)
-            if program.memory_per_device <= limit:
-                return SegmentPlan(program.objective, strategies, program)
-            budget -= program.memory_per_device - limit
-        return None
+            over = program.memory_per_device - limit
+            if over <= 0 and (best is None or program.objective < best.objective):
+                best = SegmentPlan(program.objective, strategies, program)
+            if -2 * budget / DP_LEVELS < over <= 0:  # within two units of the limit
+                break
+            budget -= over
+        return best
 
     def fixed_bytes(self) -> float:
         """The bytes every choice of options holds whatever it is: the operators without a
