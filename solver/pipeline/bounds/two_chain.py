@@ -57,6 +57,7 @@ from solver.pipeline.dp.two_chain import (
     two_chains,
 )
 
+NEAR_STEPS = 2  # probes just below a feasible chain's bottleneck in a row before a midpoint
 MIN_SIDE_SHARE = 0.01  # the side branch's least share of the work (else: not two chains)
 TWO_CHAIN_BUDGETS = (0.1, 0.2, 0.3)  # the work removed from B (share of the total), tried
 # in this order while time is left: the least removed first (the tightest relaxation; when B
@@ -254,24 +255,25 @@ def _largest_infeasible(
 def _descend(tc: TwoChains, srt, k: int, between: tuple[float, float], deadline: float, seen):
     """Probes between a proven-infeasible T and a feasible one (``between``), first just below
     the feasible end: a feasible probe's chain lowers that end to its own bottleneck (and is
-    shown to ``seen``), an infeasible one raises the other; a step that closed less than a
-    quarter of the interval is followed by its midpoint. Stops within SPINE_REL_TOL or at the
-    deadline; returns the infeasible end."""
+    shown to ``seen``) and the next probe is just below it again, unless NEAR_STEPS such
+    probes in a row each closed less than a quarter of the interval (then the midpoint); an
+    infeasible probe raises the other end. Stops within SPINE_REL_TOL, just below a feasible
+    T (within the optimality band), or at the deadline; returns the infeasible end."""
     lo, hi = between
-    near = True
+    near, small = True, 0
     while hi - lo > SPINE_REL_TOL * hi and time.perf_counter() < deadline:
         t = hi / (1 + TARGET_BAND) if near else 0.5 * (lo + hi)
         chain = fewest_blocks(tc, srt, t, k)
         if chain is None:
             lo = t
-            near = False
-            if t >= hi / (1 + 2 * TARGET_BAND):
+            if near:
                 break  # just below a feasible T: within the band of the optimum
             continue
         seen(chain)
         new_hi = min(t, chain_bottleneck(tc, chain))
-        near = hi - new_hi >= 0.25 * (hi - lo)
-        hi = new_hi
+        small = small + 1 if near and hi - new_hi < 0.25 * (hi - lo) else 0
+        near, hi = small < NEAR_STEPS, new_hi
+        small %= NEAR_STEPS
     return lo
 
 
