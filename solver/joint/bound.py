@@ -5,6 +5,7 @@ over all devices, and no less than the heaviest operator on the fastest device."
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -83,23 +84,27 @@ def universal_bound(sm, cluster: Cluster) -> float:
     return max(best, heaviest)
 
 
-def universal_training_bound(sm, cluster: Cluster, time_weights: tuple[float, float]) -> float:
-    """A lower bound on the iteration time T = a sum t + b max t (+ max sync >= 0) of every
-    joint training plan (any stages, devices, meshes, strategies and memory), proven in
-    docs/training.md ("Joint training plans"): with t(o, L) = (1 + beta_o) max(F / c, M / b)
-    at the fastest compute c (beta_o the backward factor of the operator table),
+@dataclass(frozen=True)
+class TrainingWork:
+    """Per operator at the fastest compute c (docs/training.md, "The universal training
+    bound"): ``least`` = min over splits of t(o, L) = (1 + beta_o) max(F / c, M / b), and
+    ``spread`` = min over splits of p(L) t(o, L) (device-seconds)."""
 
-        sum t >= sum over operators of min over splits of t(o, L)
-        max t >= sum over operators of min over splits of p(L) t(o, L), divided by the devices.
-    """
-    if not sm.ops:
-        return 0.0
+    least: np.ndarray
+    spread: np.ndarray
+
+
+def training_work(sm, cluster: Cluster) -> TrainingWork:
+    """:class:`TrainingWork` of every operator (each signature priced once)."""
+    n = len(sm.ops)
+    least, spread = np.zeros(n), np.zeros(n)
+    if not n:
+        return TrainingWork(least, spread)
     k = cluster.devices
     planner = Planner(sm, Mesh((1,), (math.inf,), (0.0,)), cluster)
     flow = gradient_flow(sm)
     _, _, compute = cluster.device_arrays()
     c, b = float(compute.max()), cluster.memory_bandwidth
-    least = spread = 0.0
     priced: dict = {}
     for i, sig in enumerate(planner.signature):
         beta = backward_factor(sm.ops[i], flow.needs_grad) if flow.has_backward[i] else 0.0
@@ -108,7 +113,16 @@ def universal_training_bound(sm, cluster: Cluster, time_weights: tuple[float, fl
             w = op_work(sm, planner.specs[i], i, k)
             t = (1.0 + beta) * np.maximum(w[:, 1] / c, w[:, 2] / b)
             priced[key] = (float(t.min()), float((w[:, 0] * t).min()))
-        least += priced[key][0]
-        spread += priced[key][1]
-    a, bb = time_weights
-    return a * least + bb * spread / k
+        least[i], spread[i] = priced[key]
+    return TrainingWork(least, spread)
+
+
+def universal_training_bound(sm, cluster: Cluster, time_weights: tuple[float, float]) -> float:
+    """A lower bound on the iteration time T = a sum t + b max t (+ max sync >= 0) of every
+    joint training plan (any stages, devices, meshes, strategies and memory), proven in
+    docs/training.md ("Joint training plans"): sum t >= sum over operators of their least
+    time, max t >= the sum of their least device-seconds over the devices
+    (:class:`TrainingWork`)."""
+    w = training_work(sm, cluster)
+    a, b = time_weights
+    return a * math.fsum(w.least) + b * math.fsum(w.spread) / cluster.devices

@@ -41,7 +41,7 @@ from solver.core.options import check_time_limit, checked_memory
 from solver.core.result import InvalidBoundError, certify
 from solver.core.training import CAPACITY_SLACK, TrainingSpec
 from solver.frontends.onnx.backward import RULES
-from solver.joint.bound import universal_training_bound
+from solver.joint.bound import training_work, universal_training_bound
 from solver.joint.plan import (
     JointPlan,
     JointTraining,
@@ -378,6 +378,10 @@ class TrainingSearch:
         self.pricing_deadline = math.inf  # then big pairs not priced yet are left out (upper)
         self.stats: dict = {}
         self._fitting: dict[tuple, list[StageOption]] = {}
+        # the operators before a cut: their least time and device-seconds (prefix sums)
+        work = training_work(search.sm, search.cluster)
+        self.prefix_least = np.concatenate([[0.0], np.cumsum(work.least)])
+        self.prefix_spread = np.concatenate([[0.0], np.cumsum(work.spread)])
 
     def whole(self, m: int) -> WholePrices:
         s = self.search
@@ -459,11 +463,11 @@ class TrainingSearch:
         first_key = 0 if self.spec.schedule == "gpipe" else 1
         labels: dict[tuple, list[_Label]] = {}
         best: list = [cap, None]
-        a, b = self.spec.time_weights
         for ia in range(last):
             for m in range(len(s.meshes)):
                 low = self.least_time(ia, last, m, first_key, upper)
-                if low is None or (a + b) * low >= best[0]:
+                st = (ia, last, m, first_key)
+                if low is None or self.at_least(st, 0.0, 0.0, low, 0.0) >= best[0]:
                     continue  # no option of this pair fits, or none can beat ``best``
                 for o in self.fitting(ia, last, m, first_key, upper):
                     lab = _Label(0.0, 0.0, o.sync, o.time, (ia, last, m, first_key), o, None)
@@ -487,7 +491,6 @@ class TrainingSearch:
         s = self.search
         ib, ic, m2, qkey = state
         key = self.next_key(qkey)
-        a, b = self.spec.time_weights
         for ia in range(ib):
             for m in range(len(s.meshes)):
                 if s.meshes[m].end > s.meshes[m2].start:
@@ -498,8 +501,9 @@ class TrainingSearch:
                 x, out_r, in_s = s.io(ia, ib, ic, m, m2, upper)
                 times = [lab.partial + 2 * (x + in_s) for lab in here]
                 least = low + 2 * (x + out_r)
+                st = (ia, ib, m, key)
                 if all(
-                    a * (lab.total + t + least) + b * max(lab.worst, t, least) + lab.sync >= best[0]
+                    self.at_least(st, lab.total + t, max(lab.worst, t), least, lab.sync) >= best[0]
                     for lab, t in zip(here, times, strict=True)
                 ):
                     continue
@@ -513,11 +517,29 @@ class TrainingSearch:
                         )
                         self._add(labels, new, best)
 
+    def at_least(self, state, total, worst, partial, sync) -> float:
+        """A lower bound on T of every plan completing a label at ``state``: its stages, and
+        the stages before it, which hold the operators before its segment on the devices
+        before its sub-mesh (d of them): their times sum to at least the operators' least
+        times and their device-seconds over d, and the largest is at least the latter
+        (docs/training.md, "The universal training bound"; inf when d = 0 and some are left)."""
+        a, b = self.spec.time_weights
+        ia, _, m, _ = state
+        before = self.search.cuts[ia]
+        sum_before = max_before = 0.0
+        if before:
+            d = self.search.meshes[m].start
+            if d == 0:
+                return math.inf
+            spread = float(self.prefix_spread[before]) / d
+            sum_before = max(float(self.prefix_least[before]), spread)
+            max_before = spread
+        return a * (total + partial + sum_before) + b * max(worst, partial, max_before) + sync
+
     def _add(self, labels, lab: _Label, best: list) -> None:
         """Keep ``lab`` unless its T can only reach ``best`` or another label dominates it; a
         first stage (start 0) completes a plan."""
-        a, b = self.spec.time_weights
-        value = a * (lab.total + lab.partial) + b * max(lab.worst, lab.partial) + lab.sync
+        value = self.at_least(lab.state, lab.total, lab.worst, lab.partial, lab.sync)
         if value >= best[0]:
             return
         if lab.state[0] == 0:
