@@ -198,10 +198,10 @@ class TwoChains:
 
 @dataclass(frozen=True)
 class CreditGroup:
-    """Readers of one tensor of A (``tensor``) on B, each credited ``credit`` seconds: the
-    work of the nodes a relaxation removed that feed only it from that tensor, at most the
-    tensor's link time (docs/bounds.md, "two chain": a block holding a reader pays that
-    work or receives a tensor as large instead)."""
+    """Readers on B of one tensor (``tensor``), each credited ``credit`` seconds: the work of
+    the nodes a relaxation removed that feed only it from that tensor, at most the tensor's
+    link time (docs/bounds.md, "two chain": a block holding a reader pays that work or
+    receives a tensor as large instead)."""
 
     tensor: int
     readers: np.ndarray
@@ -226,24 +226,21 @@ def two_chains(
     b_ids = chain_ideals(induced_subgraph(g, b_nodes), deadline)
     if a_ids.count * b_ids.count > MAX_PAIR_STATES:
         raise TwoChainUnsupported(f"more than {MAX_PAIR_STATES:,} pairs of ideals")
-    has_cons = np.diff(g.t_ptr) > 0
-    prod_a = in_a[g.t_producer]
-    read_b = np.zeros(g.num_tensors, dtype=bool)
-    cons_b = ~in_a[g.t_cons]
-    np.logical_or.at(read_b, np.repeat(np.arange(g.num_tensors), np.diff(g.t_ptr)), cons_b)
-    own_a = np.flatnonzero(has_cons & prod_a & ~read_b)
-    own_b = np.flatnonzero(has_cons & ~prod_a)
-    cross = np.flatnonzero(prod_a & read_b)
+    kinds = _tensor_kinds(g, in_a)
     sub_a, sub_b = _subsets(a_ids.member), _subsets(b_ids.member)
     need = _needs(g, in_a, a_nodes, b_nodes, b_ids)
     valid = ((need.astype(np.float32) @ (~a_ids.member).T.astype(np.float32)) == 0).T
     partial = valid[:-1].any(axis=0)
-    xa = _tensor_side(g, a_ids, a_nodes, cross, bandwidth)
-    xb = _tensor_side(g, b_ids, b_nodes, cross, bandwidth)
+    xa = _tensor_side(g, a_ids, a_nodes, kinds.cross, bandwidth)
+    xb = _tensor_side(g, b_ids, b_nodes, kinds.cross, bandwidth)
     if (xb.held[partial] > 0).any():
         raise TwoChainUnsupported("a B-ideal beside A holds a reader of a tensor of A")
-    f_a = _chain_costs(a_ids, _tensor_side(g, a_ids, a_nodes, own_a, bandwidth), sub_a, deadline)
-    f_b = _chain_costs(b_ids, _tensor_side(g, b_ids, b_nodes, own_b, bandwidth), sub_b, deadline)
+    f_a = _chain_costs(
+        a_ids, _tensor_side(g, a_ids, a_nodes, kinds.own_a, bandwidth), sub_a, deadline
+    )
+    f_b = _chain_costs(
+        b_ids, _tensor_side(g, b_ids, b_nodes, kinds.own_b, bandwidth), sub_b, deadline
+    )
     for group in credits:
         if not in_a[g.t_producer[group.tensor]]:
             f_b += _credited_within_b(g, group, b_nodes, b_ids, bandwidth)
@@ -258,6 +255,29 @@ def two_chains(
         a_nodes, b_nodes, a_ids, b_ids, f_a + _cross_below(xa, sub_a), f_b, enter, after,
         valid, partial, sub_a,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _TensorKinds:
+    """The tensors with readers, by side: produced and read on A alone, produced on B, and
+    produced on A and read on B (``cross``)."""
+
+    own_a: np.ndarray
+    own_b: np.ndarray
+    cross: np.ndarray
+
+
+def _tensor_kinds(g: Graph, in_a: np.ndarray) -> _TensorKinds:
+    has_cons = np.diff(g.t_ptr) > 0
+    prod_a = in_a[g.t_producer]
+    read_b = np.zeros(g.num_tensors, dtype=bool)
+    tensor_of = np.repeat(np.arange(g.num_tensors), np.diff(g.t_ptr))
+    np.logical_or.at(read_b, tensor_of, ~in_a[g.t_cons])
+    return _TensorKinds(
+        np.flatnonzero(has_cons & prod_a & ~read_b),
+        np.flatnonzero(has_cons & ~prod_a),
+        np.flatnonzero(prod_a & read_b),
+    )
 
 
 @dataclass(frozen=True)
