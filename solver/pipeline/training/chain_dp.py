@@ -347,11 +347,12 @@ def _search(
     heap = [(a * top.total + b * floor, 0, _Interval(floor, top.longest, top.total))]
     tick = itertools.count(1)
     settled = []  # bounds of intervals too narrow to split
+    last_dp = 0.0  # seconds the last DP took
     while heap:
         bound, _, box = heap[0]
         if bound >= best.iteration_time(spec) * (1 - STOP_GAP):
             break
-        if time.perf_counter() > deadline:
+        if time.perf_counter() + last_dp > deadline:  # one more DP would end past it
             sol.note = "time limit"
             break
         heapq.heappop(heap)
@@ -359,7 +360,9 @@ def _search(
             settled.append(bound)
             continue
         mid = 0.5 * (box.lo + box.hi)
+        started = time.perf_counter()
         found = _least_sum(table, k, mid)
+        last_dp = time.perf_counter() - started
         sol.candidates += 1
         heapq.heappush(
             heap, (a * box.total + b * mid, next(tick), _Interval(mid, box.hi, box.total))
