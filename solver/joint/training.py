@@ -756,7 +756,7 @@ def _finish(ts: TrainingSearch, inc: _Incumbent, lower, stats, model, t0, stride
     T = training.iteration_time
     verdict = certify("joint training", T, [lower], proven=True)
     stats.update(cut_points=len(s.cuts), sub_meshes=len(s.meshes), segments=len(s.segments))
-    kept = "" if stride == 1 else f" (every {stride}-th such position only)"
+    kept = "" if stride == 1 else f" (only one in every {stride} such positions)"
     space = (
         describe_space(s)
         + kept

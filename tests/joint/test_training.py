@@ -411,3 +411,15 @@ def test_cli_joint_training_without_a_fitting_plan(chain_path, capsys):
     assert code == 2
     assert err.startswith("mtpp: error: ")
     assert err.count("\n") == 1 and "no joint training plan" in err
+
+
+def test_cut_stride_keeps_every_kth_inner_cut_and_names_it_in_the_space():
+    assert jt.thinned([0, 1, 2, 3, 4, 5, 6], 2) == [0, 2, 4, 6]
+    assert jt.thinned([0, 1, 2, 3, 4, 5, 6], 1) == [0, 1, 2, 3, 4, 5, 6]
+    assert jt.thinned([0, 1, 2, 3], 5) == [0, 3]
+    with pytest.raises(MtppError, match=r"^the cut stride must be a whole number >= 1, got 0$"):
+        jt.thinned([0, 1, 2], 0)
+    sm = from_proto(chain_model(), {})
+    plan = jt.plan_joint_training(sm, flat_two(), TrainingSpec("1f1b", 2), cut_stride=2)
+    assert "only one in every 2 such positions" in plan.bound_space
+    assert {len(s.ops) for s in plan.stages} <= {1, 2, 3}
