@@ -2,7 +2,8 @@
 its certificate (docs/training.md, "Joint training plans").
 
     python benchmarks/bench_joint_training.py [--memory 80GB,40GB] [--time-limit 600]
-        [--microbatches 32] [--seq 4096] [--optimizer-state 8] [--cut-stride 2] [--json OUT]
+        [--microbatches 32] [--seq 4096] [--optimizer-state 8] [--cut-stride 2]
+        [--space joint|pipeline|sharding] [--json OUT]
 
 Builds the Llama-2-7B shape in memory (models/llama.py; the weights are never written nor
 read: the sharding planner needs their shapes only) at ``--seq`` tokens per microbatch and, for
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--optimizer-state", type=float, default=8.0)
     ap.add_argument("--cut-stride", type=int, default=2)
     ap.add_argument("--cluster", default="dgx-a100-x2")
+    ap.add_argument("--space", default="joint", choices=("joint", "pipeline", "sharding"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     sm = llama_model(args.seq)
@@ -89,8 +91,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             plan = plan_joint_training(
-                sm, cluster, spec, memory=memory, time_limit=args.time_limit,
+                sm,
+                cluster,
+                spec,
+                memory=memory,
+                time_limit=args.time_limit,
                 cut_stride=args.cut_stride,
+                space=args.space,
             )
             rows.append(Row(memory, plan, None, time.perf_counter() - t0))
         except Exception as e:  # noqa: BLE001 - a benchmark row records the failure
