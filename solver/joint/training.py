@@ -636,11 +636,14 @@ class _Incumbent:
 
 
 def thinned(cuts: list[int], stride: int) -> list[int]:
-    """The first and last cut points and every ``stride``-th inner one."""
+    """The first and last cut points and every ``stride``-th inner one, counted from the last
+    inner one (so that in a model of repeated layers with a head the kept ones are aligned to
+    the layers' ends)."""
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise MtppError(f"the cut stride must be a whole number >= 1, got {stride!r}")
-    inner = cuts[1:-1][stride - 1 :: stride]
-    return [cuts[0], *inner, cuts[-1]] if len(cuts) > 1 else list(cuts)
+    inner = cuts[1:-1]
+    kept = [c for i, c in enumerate(inner) if (len(inner) - 1 - i) % stride == 0]
+    return [cuts[0], *kept, cuts[-1]] if len(cuts) > 1 else list(cuts)
 
 
 def _first_plan(ts: TrainingSearch, progress) -> _Incumbent | None:

@@ -414,9 +414,9 @@ def test_cli_joint_training_without_a_fitting_plan(chain_path, capsys):
 
 
 def test_cut_stride_keeps_every_kth_inner_cut_and_names_it_in_the_space():
-    assert jt.thinned([0, 1, 2, 3, 4, 5, 6], 2) == [0, 2, 4, 6]
+    assert jt.thinned([0, 1, 2, 3, 4, 5, 6], 2) == [0, 1, 3, 5, 6]  # counted from the last
     assert jt.thinned([0, 1, 2, 3, 4, 5, 6], 1) == [0, 1, 2, 3, 4, 5, 6]
-    assert jt.thinned([0, 1, 2, 3], 5) == [0, 3]
+    assert jt.thinned([0, 1, 2, 3], 5) == [0, 2, 3]
     with pytest.raises(MtppError, match=r"^the cut stride must be a whole number >= 1, got 0$"):
         jt.thinned([0, 1, 2], 0)
     sm = from_proto(chain_model(), {})
