@@ -548,7 +548,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--mtpp",
         default=None,
         help="the command that runs mtpp, e.g. 'env PYTHONPATH=/tmp/head python -m solver.cli' "
-        "to measure an exported commit (default: the mtpp beside this Python)",
+        "to measure an exported commit, run from outside a checkout (python -m puts the "
+        "current folder first on the path) (default: the mtpp beside this Python)",
     )
     args = ap.parse_args(argv)
     if args.dp is not None and not Path(args.dp).is_file():
