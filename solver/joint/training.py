@@ -62,9 +62,8 @@ from solver.spmd.training import GradientFlow, gradient_flow
 from solver.spmd.training import TrainingSpec as ShardTraining
 
 JOINT_SCHEDULES = ("gpipe", "1f1b")
-EVERY_COMBINATION_UP_TO = (
-    256  # a segment with at most this many strategy combinations is enumerated
-)
+# a pair (segment, sub-mesh) with at most this many strategy combinations is enumerated
+EVERY_COMBINATION_UP_TO = 256
 # a big pair's upper plans (Megatron's plan runs propagation for the operators it does not
 # place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
 HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
@@ -284,10 +283,21 @@ def whole_prices(planner: Planner, state: float) -> WholePrices:
 
 
 # ---------------------------------------------------------------------- the exact cost
-def price_training_stages(sm, cluster: Cluster, specs: list[StageSpec], memory, spec):
+@dataclass(frozen=True)
+class PricedTraining:
+    """A joint training plan priced: its stages, its training terms, and ``over`` naming the
+    first stage above its memory limit (None: the plan fits)."""
+
+    stages: list[Stage]
+    training: JointTraining
+    over: str | None
+
+
+def price_training_stages(
+    sm, cluster: Cluster, specs: list[StageSpec], memory, spec: TrainingSpec
+) -> PricedTraining:
     """The stages of ``specs`` priced as a training plan under ``spec`` (the one cost
-    function: the planner, the brute-force tests). Returns (stages, training, over) with
-    ``over`` naming the first stage above its memory limit (None: the plan fits)."""
+    function: the planner, the brute-force tests)."""
     flow = gradient_flow(sm)
     segs = [make_segment(sm, sp.start, sp.end) for sp in specs]
     options = [
@@ -337,7 +347,7 @@ def price_training_stages(sm, cluster: Cluster, specs: list[StageSpec], memory, 
         )
     T = _iteration_time(spec, [r.time for r in rows], [r.sync for r in rows])
     training = JointTraining(spec.schedule, spec.microbatches, spec.optimizer_state, T, tuple(rows))
-    return stages, training, over
+    return PricedTraining(stages, training, over)
 
 
 def _transfers(sm, cluster, specs, segs) -> tuple[list[float], list[float]]:
@@ -703,8 +713,8 @@ def _priced(ts: TrainingSearch, path) -> _Incumbent | None:
         )
         for a, b, m, o in path
     ]
-    stages, training, over = price_training_stages(s.sm, s.cluster, specs, s.memory, ts.spec)
-    return None if over is not None else _Incumbent(stages, training)
+    priced = price_training_stages(s.sm, s.cluster, specs, s.memory, ts.spec)
+    return None if priced.over is not None else _Incumbent(priced.stages, priced.training)
 
 
 def _upper_plan(ts: TrainingSearch, first: _Incumbent | None, progress) -> _Incumbent | None:
@@ -814,6 +824,7 @@ __all__ = [
     "WholePrices",
     "every_combination",
     "heuristic_options",
+    "PricedTraining",
     "price_training_stages",
     "training_lines",
     "universal_training_bound",

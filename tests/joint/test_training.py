@@ -248,8 +248,9 @@ def test_price_of_a_two_stage_plan_by_hand():
     s0 = {op.name: p0.candidates(i)[-1].strategy for i, op in enumerate(seg0.sm.ops)}
     s1 = {op.name: p1.candidates(0)[-1].strategy for op in seg1.sm.ops}
     specs = [StageSpec(0, 2, (0, 1), (2,), s0), StageSpec(2, 3, (2, 3), (2,), s1)]
-    stages, tr, over = jt.price_training_stages(sm, c, specs, None, spec)
-    assert over is None
+    priced = jt.price_training_stages(sm, c, specs, None, spec)
+    stages, tr = priced.stages, priced.training
+    assert priced.over is None
     o0, o1 = jt.price_option(p0, s0), jt.price_option(p1, s1)
     x = 4 * 6 * 4 / (2 * 2e7)  # h2 (4 x 6 float32) over the link between the hosts
     t = [o0.time + 2 * x, o1.time + 2 * x]
@@ -288,7 +289,7 @@ def test_one_stage_on_one_device_is_the_sharding_training_program():
     seg = make_segment(sm, 0, 3)
     planner = jt.training_planner(seg, c, (0,), (1,), 4.0, gradient_flow(sm))
     chosen = {op.name: planner.candidates(i)[0].strategy for i, op in enumerate(sm.ops)}
-    _, tr, _ = jt.price_training_stages(sm, c, [StageSpec(0, 3, (0,), (1,), chosen)], None, spec)
+    tr = jt.price_training_stages(sm, c, [StageSpec(0, 3, (0,), (1,), chosen)], None, spec).training
     prog = evaluate(Planner(sm, planner.mesh, planner.cluster, ShardTraining(4.0)), chosen)
     assert tr.iteration_time == pytest.approx(3 * prog.objective)
     forward = evaluate(Planner(sm, planner.mesh, planner.cluster), chosen)
