@@ -66,7 +66,7 @@ def layers_of(stage) -> str:
 
 def describe(plan) -> str:
     return "; ".join(
-        f"L{layers_of(s)} on {len(s.devices)}x{'x'.join(map(str, s.mesh.shape))}"
+        f"layers {layers_of(s)} on {len(s.devices)} GPUs (mesh {'x'.join(map(str, s.mesh.shape))})"
         for s in plan.stages
     )
 
