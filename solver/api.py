@@ -26,7 +26,7 @@ before anything is loaded.
 
 The SPMD and joint planners are imported when a request of their kind comes
 (:class:`OnFirstUse`), not with this module: a pipeline solve, the common case, uses neither,
-and importing them cost its start-up about 60 ms (docs/architecture.md, "Start-up").
+and importing them cost its start-up about 40 ms (docs/architecture.md, "Start-up").
 
 >>> from solver.core.cluster import Cluster
 >>> from solver.frontends.workloads import layered_dag
