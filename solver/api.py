@@ -49,7 +49,7 @@ from solver.core.graph import Graph
 from solver.core.options import check_spmd_options
 from solver.core.progress import NULL_PROGRESS
 from solver.core.result import Result
-from solver.frontends import load_graph, resolve_cluster
+from solver.frontends import is_onnx_file, load_graph, resolve_cluster
 from solver.pipeline import registry
 from solver.pipeline.options import SolveOptions, check_method_options, check_solve_options
 
@@ -198,7 +198,7 @@ def load(problem: Problem, training_costs: bool = False) -> LoadedProblem:
 def _read_graph(problem: Problem, training_costs: bool) -> Graph:
     if problem.graph_path is None:
         raise MtppError("a problem needs a graph file (graph_path) or a loaded graph (graph)")
-    if Path(problem.graph_path).suffix.lower() != ".onnx":
+    if not is_onnx_file(problem.graph_path):
         return load_graph(problem.graph_path)
     return load_graph(
         problem.graph_path,
@@ -234,7 +234,7 @@ def joint_space(problem: Problem, options: SolveOptions) -> str:
 def _onnx_path(problem: Problem, what: str) -> None:
     """Refuse a problem without the ONNX model ``what`` shards."""
     path = problem.graph_path
-    if path is None or Path(path).suffix.lower() != ".onnx":
+    if path is None or not is_onnx_file(path):
         path = _graph_name(problem) if path is None else path
         raise MtppError(
             f"{path}: {what} needs the ONNX model (a cost graph has no operators "

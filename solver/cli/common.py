@@ -19,6 +19,7 @@ from solver.core.graph import Graph
 from solver.core.text import CONTROL_CHARS as CONTROL_CHARS  # lives in core.text; kept
 from solver.core.text import esc as esc  # importable here
 from solver.core.units import parse_memory
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.common import external_locations
 
 MAX_DIM = 2**31 - 1  # an ONNX dimension is an int64, but ORT and numpy shapes stop far below
@@ -50,7 +51,7 @@ def load_graph_and_cluster(
     else ``--cluster``, else what the graph file states, else the default preset; ``--devices``
     and ``--memory`` applied. A cluster file is read once."""
     dims = parse_dims(args)
-    onnx = Path(args.graph).suffix.lower() == ".onnx"
+    onnx = is_onnx_file(args.graph)
     if known is None and args.cluster is not None and onnx:
         known = load_cluster(args.cluster, args.devices)  # the roofline's and the command's
     options = {}
@@ -183,7 +184,7 @@ def input_paths(args: argparse.Namespace) -> list[Path]:
     if cluster and Path(cluster).is_file():
         paths.append(Path(cluster))
     for p in list(paths):
-        if p.suffix.lower() == ".onnx" and p.is_file():
+        if p.is_file() and is_onnx_file(p):
             paths += _external_data_files(p)
     return paths
 

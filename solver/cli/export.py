@@ -13,7 +13,6 @@ import argparse
 import math
 import sys
 from collections import Counter
-from pathlib import Path
 
 from solver.backends import dispatch
 from solver.backends.dispatch import ONNX, ExportOptions
@@ -24,6 +23,7 @@ from solver.core.errors import MtppError
 from solver.core.files import check_output_dir, parse_json, read_text
 from solver.core.text import esc
 from solver.core.units import format_bytes
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.reader import load_onnx
 from solver.joint.plan import JOINT_FORMAT
 
@@ -34,7 +34,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.plan is not None and args.plan_option is not None and args.plan != args.plan_option:
         raise MtppError("give the plan once: as PLAN or as --plan, not both")
     args.plan = args.plan or args.plan_option
-    if args.plan is not None and Path(args.graph).suffix.lower() != ".onnx":
+    if args.plan is not None and not is_onnx_file(args.graph):
         raise MtppError(f"{args.graph}: export needs the ONNX model (.onnx) the plan was made for")
     if args.format == DTENSOR:
         return cmd_export_dtensor(args)

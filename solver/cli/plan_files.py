@@ -29,6 +29,7 @@ from solver.core.errors import MtppError
 from solver.core.files import parse_json, read_text, read_yaml, shown
 from solver.core.graph import Graph
 from solver.core.units import format_bytes, format_rate, format_time
+from solver.frontends import is_onnx_file
 from solver.frontends.sharding_points import parse_sharding
 from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, joint_plan_from_data
 from solver.joint.stages import check_stages
@@ -100,7 +101,7 @@ def plan_kind(data: object, path: str) -> str:
 
 def peek_plan_file(path: str) -> PlanFile | None:
     """The plan ``path`` holds, or None when it is no plan (a graph, a model, no file)."""
-    if Path(path).suffix.lower() == ".onnx" or not Path(path).is_file():
+    if not Path(path).is_file() or is_onnx_file(path):
         return None
     try:
         return read_plan_file(path)
@@ -126,7 +127,7 @@ def command_plan(args: argparse.Namespace, command: str, missing: str | None = N
         args.graph, args.plan = joint_model_path(alone, command), alone.path
         return alone
     plan = read_plan_file(args.plan)
-    if plan.kind == JOINT and Path(args.graph).suffix.lower() != ".onnx":
+    if plan.kind == JOINT and not is_onnx_file(args.graph):
         raise MtppError(f"{args.graph}: a joint plan needs the ONNX model (.onnx) it was made for")
     return plan
 
@@ -328,7 +329,7 @@ def load_plan(args: argparse.Namespace, plan: PlanFile) -> LoadedPlan:
         p.cluster,
         p.assignment,
         p.placement,
-        model_path=args.graph if Path(args.graph).suffix.lower() == ".onnx" else None,
+        model_path=args.graph if is_onnx_file(args.graph) else None,
         stage=p.data.get("stages"),  # the stages a manual-sharding YAML states
         data=p.data,
         claims_apply=p.recorded is not None and cluster_difference(p.recorded, p.cluster) is None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from solver.backends import simulate  # simulate.simulate: tests patch it there
 from solver.backends.run import RunResult, check_requests, run_plan
@@ -13,6 +12,7 @@ from solver.cli.run_torch import cmd_run_torch
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.text import esc
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.reader import load_onnx
 from solver.pipeline.plan import JOINT_PLAN_REFUSED
 
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked_plan(args: argparse.Namespace) -> PipelineInputs:
     """The pipeline plan to run, once the model, the plan kind and the options are checked."""
-    if Path(args.graph).suffix.lower() != ".onnx":
+    if not is_onnx_file(args.graph):
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
     plan = command_plan(args, "run")
     if plan.kind == JOINT:

@@ -24,6 +24,7 @@ from solver.core.errors import MtppError
 from solver.core.files import parse_json, read_text
 from solver.core.text import esc
 from solver.core.training import TrainingSpec
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.modules import read_layout
 from solver.frontends.onnx.reader import load_onnx
 from solver.pipeline.plan import read_plan_training
@@ -70,7 +71,7 @@ def _check_request(args: argparse.Namespace) -> None:
         )
     if args.requests is not None:
         raise MtppError("--requests applies to --backend onnx; use --microbatches with torch")
-    if Path(args.graph).suffix.lower() != ".onnx":
+    if not is_onnx_file(args.graph):
         raise MtppError(f"{args.graph}: run needs the ONNX model (.onnx) the plan was made for")
     if args.microbatches is not None and not 1 <= args.microbatches <= 1024:
         raise MtppError(f"--microbatches must be from 1 to 1024, got {args.microbatches}")

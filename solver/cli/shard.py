@@ -17,6 +17,7 @@ from solver.core.files import check_output_dir
 from solver.core.options import check_spmd_options
 from solver.core.text import esc
 from solver.core.units import format_bytes, format_time
+from solver.frontends import is_onnx_file
 from solver.spmd.plan import ShardResult
 from solver.spmd.solve import solve_sharding
 from solver.spmd.strategy import fmt_strategy
@@ -25,7 +26,7 @@ from solver.spmd.training import TrainingSpec
 
 def cmd_shard(args: argparse.Namespace) -> int:
     """Choose a sharding strategy per operator, optionally run it (--verify), write it (--out)."""
-    if Path(args.model).suffix.lower() != ".onnx":
+    if not is_onnx_file(args.model):
         raise MtppError(f"{args.model}: mtpp shard needs an ONNX model (.onnx)")
     check_spmd_options(args.time_limit, args.workers, args.seed)
     training = _training_spec(args)

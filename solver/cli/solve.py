@@ -32,6 +32,7 @@ from solver.core.files import check_output_file
 from solver.core.text import CONTROL_CHARS, esc
 from solver.core.training import TrainingSpec
 from solver.core.units import format_bytes
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.modules import read_layout
 from solver.pipeline import registry
 from solver.pipeline.granularity import GRANULARITY_KEY, solve_layer_granular
@@ -337,7 +338,7 @@ def check_granularity(args: argparse.Namespace) -> None:
             "--granularity layer does not apply to --method manual (its sharding points fix "
             "the cuts); drop --granularity"
         )
-    if Path(args.graph).suffix.lower() != ".onnx":
+    if not is_onnx_file(args.graph):
         raise MtppError(
             f"{args.graph}: --granularity layer needs an ONNX model exported from torch (its "
             "nodes name their modules); a JSON graph has no module information"

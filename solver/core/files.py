@@ -85,6 +85,17 @@ def read_text(path: str | Path, what: str = "file") -> str:
         raise MtppError(f"{path}: not UTF-8 text (byte {e.start}); expected a {what}") from None
 
 
+def read_head(path: str | Path, size: int, what: str = "file") -> bytes:
+    """The first ``size`` bytes of a regular file (fewer when it is shorter): enough to tell
+    its kind from its content."""
+    check_regular_file(path, what)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size)
+    except OSError as e:
+        raise MtppError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
 # ---------------------------------------------------------------------- JSON
 class _JsonRefusal(ValueError):
     """A JSON value that parses but that we refuse (NaN, Infinity, duplicate key)."""

@@ -31,6 +31,7 @@ from solver.core.errors import MtppError
 from solver.experiments import runs
 from solver.experiments.config import cluster_ref, warn
 from solver.experiments.store import sigint_deferred
+from solver.frontends import is_onnx_file
 from solver.frontends.onnx.common import external_locations
 
 INSTALL_HINT = 'pip install "mtpp[ray]" (or pip install ".[ray]" in a clone of mtpp)'
@@ -77,7 +78,7 @@ def file_bundle(path: Path) -> dict:
     file itself and, for an ONNX model, the external data files beside it that it names."""
     path = Path(path)
     files = {path.name: path.read_bytes()}
-    if path.suffix == ".onnx":
+    if is_onnx_file(path):
         for loc in _external_locations(path):
             target = (path.parent / loc).resolve()
             inside = path.parent.resolve() in target.parents

@@ -25,7 +25,7 @@ from solver.core.graph import Graph
 from solver.core.result import ERROR, INFEASIBLE
 from solver.core.training import TrainingSpec
 from solver.experiments.config import GraphSpec, digest, graph_identity, graph_source
-from solver.frontends import load_graph, resolve_cluster
+from solver.frontends import is_onnx_file, load_graph, resolve_cluster
 from solver.frontends.native import to_dict
 from solver.frontends.onnx.modelgen import BUILDERS, save
 from solver.frontends.workloads import layered_dag
@@ -155,7 +155,7 @@ def _graph_and_cluster(run: RunInput, training_costs: bool = False) -> tuple[Gra
     path = Path(run.graph)
     ref = cluster if isinstance(cluster, str) and cluster != "file" else None
     kw = {}
-    if path.suffix == ".onnx":
+    if is_onnx_file(path):
         kw = {"dims": run.gs.dims, "work": run.gs.work, "cluster": ref}
         kw["training_costs"] = training_costs
     g = load_graph(path, **kw)

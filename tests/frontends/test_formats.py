@@ -109,9 +109,14 @@ def test_bad_native_files(tmp_path, text, match):
 
 
 def test_unknown_file_type(tmp_path):
+    """The kind comes from the content: protobuf bytes are read as ONNX whatever the name."""
     p = tmp_path / "model.pb"
     p.write_bytes(b"\x08\x01binary")
-    with pytest.raises(MtppError, match="unknown graph file type '.pb'"):
+    with pytest.raises(MtppError, match="not a valid ONNX model"):
+        load_graph(p)
+    p = tmp_path / "model.yaml"
+    p.write_text("nodes: []")
+    with pytest.raises(MtppError, match="neither an ONNX model nor a graph JSON"):
         load_graph(p)
 
 

@@ -346,13 +346,28 @@ def test_control_flow_is_one_opaque_node(tmp_path):
 def test_not_onnx_and_truncated(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_text("hello, I am not a model")
-    with pytest.raises(MtppError, match="not a valid ONNX model"):
+    with pytest.raises(MtppError, match="neither an ONNX model nor a graph JSON"):
         load_graph(bad)
     good = LIGHT / "light_squeezenet.onnx"
     trunc = tmp_path / "trunc.onnx"
     trunc.write_bytes(good.read_bytes()[:5000])
     with pytest.raises(MtppError, match="not a valid ONNX model"):
         load_graph(trunc)
+
+
+def test_the_format_is_read_from_the_content_not_the_name(tmp_path):
+    """An ONNX model under another suffix is read as ONNX; a graph JSON named .onnx as JSON."""
+    good = LIGHT / "light_squeezenet.onnx"
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(good.read_bytes())
+    assert load_graph(renamed).n == load_graph(good).n
+    text = tmp_path / "graph.onnx"
+    text.write_text('{"format": "mtpp-graph", "nodes": [{"name": "a", "work": 1}]}')
+    assert load_graph(text).names == ("a",)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(MtppError, match="empty file"):
+        load_graph(empty)
 
 
 def test_shape_inference_failure_without_a_message_is_one_line(tmp_path, monkeypatch):
