@@ -381,13 +381,9 @@ def _param_arrays(params: Iterable[tuple[str, float, Sequence[int]]], n: int) ->
         p_size.append(_param_bytes(pname, pbytes))
         us = _param_users(pname, users, n)
         p_names.append(str(pname))
-        p_rows.append(np.full(len(us), j))
-        p_cols.append(us)
-    ptr, users = _csr(
-        np.concatenate(p_rows) if p_rows else np.zeros(0, np.int64),
-        np.concatenate(p_cols) if p_cols else np.zeros(0, np.int64),
-        len(p_names),
-    )
+        p_rows += [j] * len(us)
+        p_cols += us
+    ptr, users = _csr(np.asarray(p_rows, np.int64), np.asarray(p_cols, np.int64), len(p_names))
     return _ParamArrays(tuple(p_names), np.asarray(p_size, dtype=np.float64), ptr, users)
 
 
@@ -404,15 +400,19 @@ def _param_bytes(pname: str, pbytes: object) -> float:
     return b
 
 
-def _param_users(pname: str, users: Iterable[int], n: int) -> IntArray:
-    """A parameter's distinct user nodes: at least one, each an index in 0..n-1."""
-    try:
-        us = np.unique(np.asarray(list(users), dtype=np.int64))
-    except (TypeError, ValueError, OverflowError):
-        raise MtppError(f"parameter {pname!r}: users must be node indices") from None
-    if len(us) == 0:
+def _param_users(pname: str, users: Iterable[int], n: int) -> list[int]:
+    """A parameter's distinct user nodes, sorted: at least one, each an index in 0..n-1."""
+    users = list(users) if not isinstance(users, np.ndarray) else users.tolist()
+    if all(type(u) is int and -(2**63) <= u < 2**63 for u in users):  # the common case,
+        us = sorted(set(users))  # without numpy's per-call cost (1,500 parameters: 30 ms)
+    else:
+        try:
+            us = np.unique(np.asarray(users, dtype=np.int64)).tolist()
+        except (TypeError, ValueError, OverflowError):
+            raise MtppError(f"parameter {pname!r}: users must be node indices") from None
+    if not us:
         raise MtppError(f"parameter {pname!r} has no user node")
-    if us.min() < 0 or us.max() >= n:
+    if us[0] < 0 or us[-1] >= n:
         raise MtppError(f"parameter {pname!r} names a user node index outside 0..{n - 1}")
     return us
 
