@@ -433,7 +433,7 @@ def _stage_mesh(m, devices: int, w: str) -> Mesh:
 def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
     """Price every stage again on ``model``; refuse a plan whose stages do not cover the
     model's operators in order, or whose numbers differ from the recomputed ones."""
-    sm = model if isinstance(model, ShardModel) else load_model(model)
+    sm = model if isinstance(model, ShardModel) else load_model(model, weights=False)
     names = [op.name for op in sm.ops]
     specs, pos = [], 0
     for st in plan.stages:

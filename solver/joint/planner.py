@@ -578,7 +578,7 @@ def plan_joint(
     memory = checked_memory(memory)
     if progress is not None and not isinstance(model, ShardModel):
         progress.note("loading the model")
-    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
+    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {}, weights=False)
     search = JointSearch(sm, cluster, memory, space, clock0 + time_limit, progress, workers)
     _check_fits_somewhere(search)
     if progress is not None:

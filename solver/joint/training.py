@@ -620,7 +620,7 @@ def plan_joint_training(
     memory = checked_memory(memory)
     if progress is not None and not isinstance(model, ShardModel):
         progress.note("loading the model")
-    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
+    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {}, weights=False)
     deadline = _clock() - (time.perf_counter() - t0) + time_limit
     search = JointSearch(sm, cluster, memory, space, deadline, progress, 0)
     search.cuts = thinned(search.cuts, cut_stride)

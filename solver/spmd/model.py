@@ -10,6 +10,7 @@ plain constants.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,14 +76,22 @@ class ShardModel:
         return next((o for o in self.ops if o.name == name), None)
 
 
-def load_model(path: str | Path, dims: dict[str, int] | None = None) -> ShardModel:
+PLANNING_WEIGHT_BYTES = 2**20  # a planner reads no weight values: external weights larger
+# than this stay on disk, planned from their shape (smaller ones may be shape constants to fold)
+
+
+def load_model(
+    path: str | Path, dims: dict[str, int] | None = None, *, weights: bool = True
+) -> ShardModel:
     """Read an ONNX file (external data checked, present external weights loaded) and make
-    it a :class:`ShardModel` (:func:`from_proto`)."""
+    it a :class:`ShardModel` (:func:`from_proto`). ``weights=False`` is for planners: external
+    weights over :data:`PLANNING_WEIGHT_BYTES` are not read (a 7B model's 13 GB stay on disk)
+    and are planned from their shape, as absent ones are (:class:`Unloaded`)."""
     path = Path(path)
     if not path.is_file():
         raise MtppError(f"{path}: no such ONNX file")
     model = load_proto(path)
-    _load_present_external(model, path.parent)
+    _load_present_external(model, path.parent, math.inf if weights else PLANNING_WEIGHT_BYTES)
     return from_proto(model, dims or {}, str(path), folder=path.parent)
 
 
@@ -94,16 +103,21 @@ class Unloaded:
     dtype: np.dtype
 
 
-def _load_present_external(model, base: Path) -> None:
-    """Load external weights whose files exist inside the model's folder; leave the rest
-    (:func:`load_model` has already refused unsafe, missing or short ones)."""
+def _load_present_external(model, base: Path, largest: float) -> None:
+    """Load external weights of at most ``largest`` bytes whose files exist inside the
+    model's folder; leave the rest (:func:`load_model` has already refused unsafe, missing or
+    short ones)."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+    from onnx.helper import tensor_dtype_to_np_dtype
 
     for t in model.graph.initializer:
         if not uses_external_data(t):
             continue
         loc = external_info(t).get("location", "")
         f = (base / loc).resolve()
+        size = math.prod(int(d) for d in t.dims) * tensor_dtype_to_np_dtype(t.data_type).itemsize
+        if size > largest:
+            continue
         if loc and base.resolve() in f.parents and f.is_file():
             load_external_data_for_tensor(t, str(base))
             t.data_location = 0
