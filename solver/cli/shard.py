@@ -79,6 +79,7 @@ def _solve(args: argparse.Namespace, training: TrainingSpec | None) -> ShardResu
             time_limit=args.time_limit,
             cluster=args.cluster,
             dims=parse_dims(args),
+            weights=args.verify or args.out is not None,  # planning alone reads no big weights
             workers=args.workers,
             seed=args.seed,
             progress=progress if show else None,

@@ -55,6 +55,7 @@ def solve_sharding(
     log: bool = False,
     encoding: str = "cuts",
     training: TrainingSpec | None = None,
+    weights: bool = True,
 ) -> ShardResult:
     """Shard ``model`` (an ONNX path or a loaded :class:`ShardModel`) with ``method``.
 
@@ -68,7 +69,9 @@ def solve_sharding(
     plan that fits was found by then, up to search.MEMORY_BOUND_SHARE of it more looks for the
     leanest plan (returned when it fits) and the least memory any plan needs (the refusal).
     ``training``: plan a training step instead of inference (backward, gradient
-    synchronisation, training memory; docs/training.md), None for inference.
+    synchronisation, training memory; docs/training.md), None for inference. ``weights``:
+    read the model's external weights (False: those over 1 MiB stay on disk, planned from
+    their shape; a plan that is only priced needs no values).
     """
     check_method(method)
     check_spmd_options(time_limit, workers, seed)
@@ -76,7 +79,7 @@ def solve_sharding(
     cluster = lockstep(cluster if isinstance(cluster, Cluster) else load_cluster(cluster, devices))
     shape = _mesh_shape(mesh, cluster)
     limit = _memory_limit(memory, cluster)
-    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {})
+    sm = model if isinstance(model, ShardModel) else load_model(model, dims or {}, weights=weights)
     planner = Planner(sm, make_mesh(shape, cluster), cluster, training)
     pins = load_pins(planner, config, str(model) if not isinstance(model, ShardModel) else "model")
     bound = compute_bound(planner, pins)
