@@ -205,6 +205,22 @@ class Graph:
         return np.repeat(np.arange(self.num_tensors), np.diff(self.t_ptr))
 
     @cached_property
+    def produced_by(self) -> list[list[int]]:
+        """For each node, the tensors it produces."""
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for t, p in enumerate(self.t_producer.tolist()):
+            out[p].append(t)
+        return out
+
+    @cached_property
+    def read_by(self) -> list[list[int]]:
+        """For each node, the tensors it reads."""
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for t, c in zip(self.pair_tensor.tolist(), self.t_cons.tolist(), strict=True):
+            out[c].append(t)
+        return out
+
+    @cached_property
     def pair_param(self) -> IntArray:
         """For each (parameter, user) pair in ``p_users``, the parameter index."""
         return np.repeat(np.arange(self.num_params), np.diff(self.p_ptr))

@@ -63,7 +63,7 @@ def gap_graph(cg: Graph, members: list[int], left: int, right: int, pos, g: int)
     idx = {v: i for i, v in enumerate(local)}
     tensors = []
     for v in local[:-1]:
-        for t in _produced(cg, v):
+        for t in cg.produced_by[v]:
             cons = cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]]
             if v == left and (pos[cons] > g - 1).any():
                 continue  # a separator-to-separator tensor: the chain io counts it
@@ -197,7 +197,7 @@ def _gap_tensors(cg: Graph, members: list[int], idx: dict[int, int]):
     out = []
     seen: set[int] = set()
     for v in members:
-        for t in [*_produced(cg, v), *_read(cg, v)]:
+        for t in [*cg.produced_by[v], *cg.read_by[v]]:
             if t in seen:
                 continue
             seen.add(t)
@@ -210,27 +210,6 @@ def _gap_tensors(cg: Graph, members: list[int], idx: dict[int, int]):
             if size > 0 and len(all_members) > 1:
                 out.append((inside, len(inside) < len(all_members), size))
     return out
-
-
-def _produced(cg: Graph, v: int) -> list[int]:
-    cache = cg.__dict__.get("_gap_io_produced")  # the graph is immutable: built once
-    if cache is None:
-        cache = [[] for _ in range(cg.n)]
-        for t, p in enumerate(cg.t_producer.tolist()):
-            cache[p].append(t)
-        cg.__dict__["_gap_io_produced"] = cache
-    return cache[v]
-
-
-def _read(cg: Graph, v: int) -> list[int]:
-    cache = cg.__dict__.get("_gap_io_read")
-    if cache is None:
-        cache = [[] for _ in range(cg.n)]
-        for t in range(cg.num_tensors):
-            for c in cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]].tolist():
-                cache[c].append(t)
-        cg.__dict__["_gap_io_read"] = cache
-    return cache[v]
 
 
 def _preds(cg: Graph, v: int) -> list[int]:

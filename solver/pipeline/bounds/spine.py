@@ -142,10 +142,7 @@ def owner_tensor(g: Graph, keep: np.ndarray) -> np.ndarray:
     (through removed nodes owned by it), or -1 (kept nodes, and removed nodes that read two
     such tensors or none)."""
     owner = np.full(g.n, -1, dtype=np.int64)
-    reads: list[list[int]] = [[] for _ in range(g.n)]  # tensors each node consumes
-    for t in range(g.num_tensors):
-        for c in g.t_cons[g.t_ptr[t] : g.t_ptr[t + 1]].tolist():
-            reads[c].append(t)
+    reads = g.read_by
     for v in g.topo_order.tolist():
         if keep[v] or not reads[v]:
             continue
@@ -175,7 +172,7 @@ def wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
             if r in seen or owner[r] != t:
                 continue
             seen.add(r)
-            for t2 in produced_tensors(g, r):
+            for t2 in g.produced_by[r]:
                 if g.t_size[t2] < size:
                     continue
                 for c in g.t_cons[g.t_ptr[t2] : g.t_ptr[t2 + 1]].tolist():
@@ -187,17 +184,6 @@ def wide_detours(g: Graph, keep: np.ndarray) -> dict[int, set[int]]:
         if found:
             out[t] = found
     return out
-
-
-def produced_tensors(g: Graph, v: int) -> list[int]:
-    """The tensors node v produces."""
-    cache = g.__dict__.get("_tensors_by_producer")  # the graph is immutable: built once
-    if cache is None:
-        cache = [[] for _ in range(g.n)]
-        for t, p in enumerate(g.t_producer.tolist()):
-            cache[p].append(t)
-        g.__dict__["_tensors_by_producer"] = cache
-    return cache[v]
 
 
 def spine_relaxation(g: Graph, keep: np.ndarray) -> Spine:

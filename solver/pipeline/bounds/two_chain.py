@@ -41,7 +41,6 @@ from solver.pipeline.bounds.spine import (
     heaviest_path,
     kept_nodes,
     owner_tensor,
-    produced_tensors,
     spine_relaxation,
     spine_spans,
 )
@@ -213,7 +212,7 @@ def _private_reader(cg: Graph, keep: np.ndarray) -> np.ndarray:
         if keep[v]:
             continue
         ends = set()
-        for t in produced_tensors(cg, v):
+        for t in cg.produced_by[v]:
             for c in cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]].tolist():
                 ends.add(c if keep[c] else int(out[c]))
         if len(ends) == 1 and -1 not in ends:
@@ -224,20 +223,14 @@ def _private_reader(cg: Graph, keep: np.ndarray) -> np.ndarray:
 def _private_link(cg: Graph, r: int, t: int, private: np.ndarray, owner: np.ndarray) -> bool:
     """Whether removed node r, owned by t and private to a reader, reads only t or tensors of
     nodes private to the same reader and owned by t, and produces only tensors as large as t."""
-    for u in produced_tensors(cg, r):
+    for u in cg.produced_by[r]:
         if cg.t_size[u] < cg.t_size[t]:
             return False
-    for u in _reads(cg, r).tolist():
+    for u in cg.read_by[r]:
         p = int(cg.t_producer[u])
         if u != t and (private[p] != private[r] or owner[p] != t):
             return False
     return True
-
-
-def _reads(cg: Graph, v: int) -> np.ndarray:
-    """The tensors node v consumes."""
-    tensor_of = np.repeat(np.arange(cg.num_tensors), np.diff(cg.t_ptr))
-    return tensor_of[cg.t_cons == v]
 
 
 def _largest_infeasible(
