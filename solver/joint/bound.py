@@ -117,12 +117,14 @@ def training_work(sm, cluster: Cluster) -> TrainingWork:
     return TrainingWork(least, spread)
 
 
-def universal_training_bound(sm, cluster: Cluster, time_weights: tuple[float, float]) -> float:
+def universal_training_bound(
+    sm, cluster: Cluster, time_weights: tuple[float, float], work: TrainingWork | None = None
+) -> float:
     """A lower bound on the iteration time T = a sum t + b max t (+ max sync >= 0) of every
     joint training plan (any stages, devices, meshes, strategies and memory), proven in
     docs/training.md ("Joint training plans"): sum t >= sum over operators of their least
     time, max t >= the sum of their least device-seconds over the devices
-    (:class:`TrainingWork`)."""
-    w = training_work(sm, cluster)
+    (:class:`TrainingWork`; ``work``: already computed for ``sm`` on ``cluster``)."""
+    w = training_work(sm, cluster) if work is None else work
     a, b = time_weights
     return a * math.fsum(w.least) + b * math.fsum(w.spread) / cluster.devices

@@ -389,7 +389,7 @@ class TrainingSearch:
         self.stats: dict = {}
         self._fitting: dict[tuple, list[StageOption]] = {}
         # the operators before a cut: their least time and device-seconds (prefix sums)
-        work = training_work(search.sm, search.cluster)
+        work = self.work = training_work(search.sm, search.cluster)
         self.prefix_least = np.concatenate([[0.0], np.cumsum(work.least)])
         self.prefix_spread = np.concatenate([[0.0], np.cumsum(work.spread)])
 
@@ -630,7 +630,7 @@ def plan_joint_training(
     if incumbent is None:
         raise _no_plan(space, ts, memory)
     T = incumbent.training.iteration_time
-    universal = min(T, universal_training_bound(sm, cluster, spec.time_weights))
+    universal = min(T, universal_training_bound(sm, cluster, spec.time_weights, ts.work))
     lower, stats = _lower_bound(ts, T, deadline, progress)
     plan = _finish(ts, incumbent, max(lower, universal), stats, model, t0, cut_stride)
     plan.universal_bound = universal
