@@ -68,6 +68,7 @@ EVERY_COMBINATION_UP_TO = 256
 # place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
 HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
 PRICING_SHARE = 0.75  # of the time left: the upper programme prices big pairs until then
+UPPER_SHARE = 0.85  # of the time left: the upper programme stops then (the first plan stands)
 _clock = time.perf_counter  # the deadline's clock (tests may replace it)
 
 
@@ -626,7 +627,8 @@ def plan_joint_training(
     search.cuts = thinned(search.cuts, cut_stride)
     ts = TrainingSearch(search, spec)
     ts.pricing_deadline = _clock() + PRICING_SHARE * (deadline - _clock())
-    incumbent = _upper_plan(ts, _first_plan(ts, progress), progress)
+    upper_deadline = _clock() + UPPER_SHARE * (deadline - _clock())
+    incumbent = _upper_plan(ts, _first_plan(ts, progress), progress, upper_deadline)
     if incumbent is None:
         raise _no_plan(space, ts, memory)
     T = incumbent.training.iteration_time
@@ -717,13 +719,23 @@ def _priced(ts: TrainingSearch, path) -> _Incumbent | None:
     return None if priced.over is not None else _Incumbent(priced.stages, priced.training)
 
 
-def _upper_plan(ts: TrainingSearch, first: _Incumbent | None, progress) -> _Incumbent | None:
+def _upper_plan(
+    ts: TrainingSearch, first: _Incumbent | None, progress, deadline: float
+) -> _Incumbent | None:
     """The upper programme's plan below the first plan's T, re-priced exactly (else the first
-    plan); None when no plan fits."""
+    plan, also when ``deadline`` stops the programme); None when no plan fits."""
     if progress is not None:
         progress.note("pricing stages for training (upper programme)")
     cap = math.inf if first is None else best_t(first)
-    value, path = ts.dp(upper=True, cap=cap)
+    try:
+        value, path = ts.dp(upper=True, cap=cap, deadline=deadline)
+    except _Expired:
+        if first is None:  # nothing found, nothing proven
+            raise MtppError(
+                "no joint training plan found within the time limit; raise --time-limit"
+            ) from None
+        ts.stats["upper_stopped"] = "the time limit stopped the upper programme: the first plan"
+        return first
     if not path:
         return first
     got = _priced(ts, path)

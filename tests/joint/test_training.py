@@ -424,3 +424,15 @@ def test_cut_stride_keeps_every_kth_inner_cut_and_names_it_in_the_space():
     plan = jt.plan_joint_training(sm, flat_two(), TrainingSpec("1f1b", 2), cut_stride=2)
     assert "only one in every 2 such positions" in plan.bound_space
     assert {len(s.ops) for s in plan.stages} <= {1, 2, 3}
+
+
+def test_the_time_limit_stops_the_upper_programme_with_the_first_plan(monkeypatch):
+    """An upper programme stopped at its deadline keeps the first plan and says so; the plan
+    is not below the optimum and the bound not above it."""
+    sm = from_proto(chain_model(), {})
+    c, spec = two_hosts(), TrainingSpec("1f1b", 4, optimizer_state=4.0)
+    want = brute_force(sm, c, spec, None)
+    monkeypatch.setattr(jt, "UPPER_SHARE", 0.0)  # the upper programme's deadline is now
+    plan = jt.plan_joint_training(sm, c, spec, time_limit=120)
+    assert plan.stats["upper_stopped"].startswith("the time limit stopped the upper programme")
+    assert plan.objective >= want * (1 - 1e-9) and plan.lower_bound <= want * (1 + 1e-9)
