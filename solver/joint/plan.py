@@ -232,20 +232,16 @@ def price_stages(sm, cluster: Cluster, specs: list[StageSpec], memory: float | N
     """The stages of ``specs`` priced: each program by the sharding cost function on its
     sub-mesh (slowest compute of its devices), transfers by the rule of docs/joint.md.
     Returns ``(stages, over)`` where ``over`` names the first stage over its memory limit."""
-    stage_of: dict[str, int] = {}
-    segs, stages = [], []
-    over = None
-    for i, sp in enumerate(specs):
-        seg = make_segment(sm, sp.start, sp.end)
-        segs.append(seg)
+    segs = [make_segment(sm, sp.start, sp.end) for sp in specs]
+    io_in, io_out = stage_transfers(sm, cluster, specs, segs)
+    stages, over = [], None
+    for i, (seg, sp) in enumerate(zip(segs, specs, strict=True)):
         sub = sub_cluster(cluster, sp.devices)
         mesh = mesh_on(cluster, sp.devices, sp.shape)
         prog = evaluate(Planner(seg.sm, mesh, sub), sp.strategies)
         limit = stage_limit(cluster, sp.devices, memory)
         if over is None and limit is not None and prog.memory_per_device > limit:
             over = f"stage {i} needs {prog.memory_per_device:.0f} bytes per device > {limit:.0f}"
-        for t in seg.outputs:
-            stage_of[t] = i
         stages.append(
             Stage(
                 i,
@@ -256,23 +252,30 @@ def price_stages(sm, cluster: Cluster, specs: list[StageSpec], memory: float | N
                 seg.outputs,
                 dict(sp.strategies),
                 prog.objective,
-                0.0,
-                0.0,
+                io_in[i],
+                io_out[i],
                 prog.memory_per_device,
                 prog.collectives(),
             )
         )
-    for t_idx, seg in enumerate(segs):
-        for x in seg.inputs:
-            s_idx = stage_of.get(x)
-            if s_idx is None:  # a model input: arrives free
-                continue
-            dt = transfer_time(
-                tensor_bytes(sm, x), cluster, specs[s_idx].devices, specs[t_idx].devices
-            )
-            stages[t_idx].io_in += dt
-            stages[s_idx].io_out += dt
     return stages, over
+
+
+def stage_transfers(sm, cluster: Cluster, specs, segs) -> tuple[list[float], list[float]]:
+    """Each stage's receive and send time (the rule of docs/joint.md, once per direction): a
+    segment's input made by an earlier stage crosses from that stage's devices; a model input
+    arrives free."""
+    stage_of = {t: i for i, seg in enumerate(segs) for t in seg.outputs}
+    io_in, io_out = [0.0] * len(specs), [0.0] * len(specs)
+    for j, seg in enumerate(segs):
+        for x in seg.inputs:
+            i = stage_of.get(x)
+            if i is None:
+                continue
+            dt = transfer_time(tensor_bytes(sm, x), cluster, specs[i].devices, specs[j].devices)
+            io_in[j] += dt
+            io_out[i] += dt
+    return io_in, io_out
 
 
 # ---------------------------------------------------------------------- reading

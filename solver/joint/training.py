@@ -48,10 +48,11 @@ from solver.joint.plan import (
     Stage,
     StageSpec,
     TrainingStage,
+    stage_transfers,
 )
 from solver.joint.planner import JointSearch, describe_space
 from solver.joint.segment import Segment, make_segment, tensor_bytes
-from solver.joint.submesh import SPACES, stage_limit, sub_cluster, transfer_time
+from solver.joint.submesh import SPACES, stage_limit, sub_cluster
 from solver.spmd.mesh import mesh_on
 from solver.spmd.model import ShardModel, load_model
 from solver.spmd.patterns import data_parallel_plan, megatron_plan
@@ -308,7 +309,7 @@ def price_training_stages(
         )
         for seg, sp in zip(segs, specs, strict=True)
     ]
-    io_in, io_out = _transfers(sm, cluster, specs, segs)
+    io_in, io_out = stage_transfers(sm, cluster, specs, segs)
     inflight = spec.inflight(len(specs))
     stages, rows, over = [], [], None
     for i, (seg, sp, o) in enumerate(zip(segs, specs, options, strict=True)):
@@ -349,21 +350,6 @@ def price_training_stages(
     T = _iteration_time(spec, [r.time for r in rows], [r.sync for r in rows])
     training = JointTraining(spec.schedule, spec.microbatches, spec.optimizer_state, T, tuple(rows))
     return PricedTraining(stages, training, over)
-
-
-def _transfers(sm, cluster, specs, segs) -> tuple[list[float], list[float]]:
-    """Each stage's receive and send time (the rule of docs/joint.md, once per direction)."""
-    stage_of = {t: i for i, seg in enumerate(segs) for t in seg.outputs}
-    io_in, io_out = [0.0] * len(specs), [0.0] * len(specs)
-    for j, seg in enumerate(segs):
-        for x in seg.inputs:
-            i = stage_of.get(x)
-            if i is None:
-                continue
-            dt = transfer_time(tensor_bytes(sm, x), cluster, specs[i].devices, specs[j].devices)
-            io_in[j] += dt
-            io_out[i] += dt
-    return io_in, io_out
 
 
 def _iteration_time(spec: TrainingSpec, times, syncs) -> float:
