@@ -12,9 +12,10 @@ onnxscript and diffusers; a model it cannot build is skipped with the builder's 
 Then runs ``mtpp solve MODEL -k K --cluster C --time-limit T --json`` for every k, one at a
 time (the ONNX model timed by the roofline of that cluster, as the command line does), and
 prints one Markdown row per case: the cluster, status, objective, bound, the binding bound,
-gap, wall seconds, with the 1-minute load average before each case (the machine may be shared:
-say how loaded), and, when the gap is open, the structure the bounds could not price (the
-entries of ``stats.bound.certified.unpriced``, heaviest first, "; "-separated).
+gap, wall seconds, the 1-minute load average before each case (the machine may be shared:
+say how loaded), the solve's peak resident memory (MB), and, when the gap is open, the
+structure the bounds could not price (the entries of ``stats.bound.certified.unpriced``,
+heaviest first, "; "-separated).
 ``--spine-seconds S`` adds a column: the spine bound (docs/bounds.md) computed alone in this
 process with S seconds and the plan's cost as its target, from no other bound: what the
 relaxation proves when the solve's share of the bound time is too short on a loaded machine.
@@ -27,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,12 +99,19 @@ def solve(path: Path, k: int, time_limit: float, cluster: str) -> dict:
     cmd = [sys.executable, "-m", "solver.cli", "solve", str(path), "-k", str(k)]
     cmd += ["--cluster", cluster, "--time-limit", str(time_limit), "--json", "--quiet"]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1], "load": load}
-    out = json.loads(r.stdout)
-    out.update(wall=wall, load=load)
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=path.parent)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        stdout.seek(0)
+        stderr.seek(0)
+        text, errors = stdout.read().decode(), stderr.read().decode()
+    if proc.returncode != 0:
+        return {"error": (errors.strip().splitlines() or ["?"])[-1], "load": load}
+    out = json.loads(text)
+    # ru_maxrss is in KiB on Linux: the peak resident memory of this one solve
+    out.update(wall=wall, load=load, peak_mb=usage.ru_maxrss / 1024)
     return out
 
 
@@ -120,7 +129,7 @@ def spine_alone(path: Path, k: int, target: float, seconds: float, cluster: str)
 def row(name: str, cluster: str, k: int, r: dict, spine: str | None = None) -> str:
     if "error" in r:
         blank = "| " * 5
-        return f"| {name} | {cluster} | {k} | error: {r['error']} {blank}| {r['load']:.1f} | |"
+        return f"| {name} | {cluster} | {k} | error: {r['error']} {blank}| {r['load']:.1f} | | |"
     bound = (r.get("stats") or {}).get("bound") or {}
     binding = bound.get("binding") if isinstance(bound, dict) else None
     gap = r.get("gap")
@@ -135,6 +144,7 @@ def row(name: str, cluster: str, k: int, r: dict, spine: str | None = None) -> s
         "-" if gap is None else f"{100 * gap:.1f}%",
         f"{r['wall']:.1f}",
         f"{r['load']:.1f}",
+        f"{r['peak_mb']:.0f}",
     ]
     certified = bound.get("certified") if isinstance(bound, dict) else None
     unpriced = (certified or {}).get("unpriced") or []
@@ -178,6 +188,7 @@ def main() -> int:
         "gap",
         "wall s",
         "load",
+        "peak MB",
     ]
     cols += ["not priced (heaviest first)"]
     cols += ["spine alone"] if args.spine_seconds > 0 else []
