@@ -27,7 +27,7 @@ from solver.pipeline.bounds import certified_lower_bound, topology
 from solver.pipeline.bounds.combine import BoundReport
 from solver.pipeline.bounds.spine import removed_scopes
 from solver.pipeline.bounds.spine_plan import spine_plan
-from solver.pipeline.bounds.two_chain import two_chain_bound, two_chain_plan
+from solver.pipeline.bounds.two_chain import two_chain_bound, two_chain_case, two_chain_plan
 from solver.pipeline.dp.chain_ideals import ChainResult
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first, skips_search
 from solver.pipeline.options import (
@@ -223,22 +223,26 @@ def with_two_chain(
     edges): its plan replaces the incumbent when better (its seconds count as the
     incumbent's), then its bound, from the report's and up to the incumbent, is added to the
     report as "two chain" (binding when it is the largest; ``unpriced`` then names what its
-    relaxation removed). Returns at once on graphs that are not two chains."""
+    relaxation removed). The split into two chains is computed once, for both. Returns at
+    once on graphs that are not two chains."""
     t0 = time.perf_counter()
+    split = two_chain_case(g, cluster, k)
+    if split is None:
+        return replace(rep, seconds=rep.seconds + time.perf_counter() - t0), inc
     found = two_chain_plan(
-        g, cluster, k, TWO_CHAIN_PLAN_SHARE * seconds, inc.objective, lower=rep.value
+        g, split, cluster, k, TWO_CHAIN_PLAN_SHARE * seconds, (rep.value, inc.objective)
     )
     if found is not None and found.value < inc.objective:
         inc = Incumbent(found.value, found.assignment, inc.seconds)
     inc = Incumbent(inc.objective, inc.assignment, inc.seconds + time.perf_counter() - t0)
     t1 = time.perf_counter()
     left = max(0.0, seconds - (t1 - t0))
-    res = two_chain_bound(g, cluster, k, left, inc.objective, rep.value) if left > 0 else None
+    res = two_chain_bound(split, cluster, k, left, inc.objective, rep.value) if left > 0 else None
     spent = rep.seconds + time.perf_counter() - t1
     if res is None or res.value <= rep.value:
         return replace(rep, seconds=spent), inc
     bounds = {**rep.bounds, "two chain": res.value}
-    unpriced = tuple(removed_scopes(coarse_view(g)[0], res.spine)) if res.spine else ()
+    unpriced = tuple(removed_scopes(split.graph, res.spine)) if res.spine else ()
     rep = replace(
         rep, value=res.value, binding="two chain", bounds=bounds, seconds=spent, unpriced=unpriced
     )

@@ -17,9 +17,13 @@ from hypothesis import strategies as st
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds import two_chain as two_chain_module
 from solver.pipeline.bounds.combine import BoundReport
 from solver.pipeline.bounds.two_chain import (
+    TwoChainBound,
+    TwoChainPlan,
     two_chain_bound,
+    two_chain_case,
     two_chain_plan,
     two_chain_split,
 )
@@ -106,14 +110,25 @@ def test_dp_refuses_a_prefix_that_reads_the_encoder():
         two_chains(g, np.array([False, True, False, False]), 1.0, time.perf_counter() + 5)
 
 
+def _bound(g: Graph, c: Cluster, k: int, target: float | None = None) -> TwoChainBound:
+    """The two-chain bound of ``g`` (0 when it is not two chains), 5 s."""
+    split = two_chain_case(g, c, k)
+    return TwoChainBound(0.0, None) if split is None else two_chain_bound(split, c, k, 5.0, target)
+
+
+def _plan(g: Graph, c: Cluster, k: int) -> TwoChainPlan | None:
+    split = two_chain_case(g, c, k)
+    return None if split is None else two_chain_plan(g, split, c, k, 5.0)
+
+
 def _check_bound_and_plan(g: Graph, c: Cluster) -> None:
     truth = brute_force(g, c)
     k = c.devices
-    bound = two_chain_bound(g, c, k, 5.0)
+    bound = _bound(g, c, k)
     if truth is None:
         return
     assert bound.value <= truth.objective * (1 + TOL) + TOL
-    plan = two_chain_plan(g, c, k, 5.0)
+    plan = _plan(g, c, k)
     if plan is not None:
         assert validate(g, c, plan.assignment, k) == []
         assert evaluate(g, c, plan.assignment, k).objective == pytest.approx(plan.value)
@@ -143,9 +158,9 @@ def test_hand_built_encoder_decoder_bound_and_plan_meet_the_optimum():
     assert split is not None
     assert [split.graph.names[v] for v in np.flatnonzero(split.side)] == ["p"]
     assert [split.graph.names[v] for v in np.flatnonzero(split.in_a)] == ["e0", "e1"]
-    plan = two_chain_plan(g, c, 3, 5.0)
+    plan = _plan(g, c, 3)
     assert plan is not None and plan.value == pytest.approx(9.0)
-    bound = two_chain_bound(g, c, 3, 5.0, target=9.0)
+    bound = _bound(g, c, 3, target=9.0)
     assert bound.value == pytest.approx(9.0, rel=1e-6) and bound.value <= 9.0
 
 
@@ -156,9 +171,7 @@ def test_chains_are_skipped_at_once():
     )
     c = Cluster("toy", 4)
     assert two_chain_split(coarse_view(g)[0]) is None
-    res = two_chain_bound(g, c, 4, 5.0)
-    assert res.value == 0.0 and res.skipped == "not two chains"
-    assert two_chain_plan(g, c, 4, 5.0) is None
+    assert two_chain_case(g, c, 4) is None
     assert math.isinf(c.fast_memory)
 
 
@@ -208,9 +221,9 @@ def test_credit_is_capped_where_a_reader_may_receive_the_projection_instead():
     )
     c = Cluster("toy", 3, link_bandwidth=1.0)
     assert brute_force(g, c).objective == pytest.approx(12.0)
-    bound = two_chain_bound(g, c, 3, 5.0, target=12.0)
+    bound = _bound(g, c, 3, target=12.0)
     assert bound.value <= 12.0 and bound.value == pytest.approx(12.0, rel=1e-6)
-    assert two_chain_bound(g, c, 3, 5.0).value == pytest.approx(12.0, rel=2e-3)
+    assert _bound(g, c, 3).value == pytest.approx(12.0, rel=2e-3)
 
 
 def _credited_encoder_decoder() -> tuple[Graph, Cluster]:
@@ -253,5 +266,21 @@ def test_decoder_projection_credit_is_capped_too():
     )
     c = Cluster("toy", 3, link_bandwidth=1.0)
     assert brute_force(g, c).objective == pytest.approx(21.0)
-    bound = two_chain_bound(g, c, 3, 5.0)
+    bound = _bound(g, c, 3)
     assert bound.value <= 21.0 and bound.value == pytest.approx(21.0, rel=2e-3)
+
+
+def test_the_split_is_computed_once_per_solve(monkeypatch):
+    calls = []
+    split_once = two_chain_module.two_chain_split
+
+    def counted(cg):
+        calls.append(cg.n)
+        return split_once(cg)
+
+    monkeypatch.setattr(two_chain_module, "two_chain_split", counted)
+    g, c = _credited_encoder_decoder()
+    rep = BoundReport(6.0, "universal", {"universal": 6.0}, seconds=0.25)
+    rep2, inc = with_two_chain(g, c, 3, rep, Incumbent(18.0, np.zeros(g.n, np.int64), 0.5), 10.0)
+    assert rep2.binding == "two chain" and inc.objective == pytest.approx(12.0)
+    assert calls == [g.n]

@@ -22,6 +22,7 @@ once (a heaviest path and its spans).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -66,19 +67,32 @@ TWO_CHAIN_BUDGETS = (0.1, 0.2, 0.3)  # the work removed from B (share of the tot
 @dataclass(frozen=True)
 class TwoChainSplit:
     """The coarse graph, the spine's spans, the side branch (``side``: nodes with no spine
-    ancestor whose first spine descendant is ``join``) and A (``in_a``: the ancestors of the
-    spine node before ``join``, itself included)."""
+    ancestor whose first spine descendant is ``join``), A (``in_a``: the ancestors of the
+    spine node before ``join``, itself included) and the kept-node masks of the relaxations
+    to try (``keeps``: :func:`relaxed_keeps`). Computed once per solve: the bound and the plan
+    both read it."""
 
     graph: Graph
     spans: SpineSpans
     side: np.ndarray
     join: int
     in_a: np.ndarray
+    keeps: tuple[np.ndarray, ...] = ()
+
+
+def two_chain_case(g: Graph, cluster: Cluster, k: int) -> TwoChainSplit | None:
+    """The split of ``g``'s coarse view (:func:`two_chain_split`), or None where the two-chain
+    DP does not apply: a cluster whose devices or links differ, fewer than two blocks, or no
+    side branch."""
+    if not cluster.homogeneous or k < 2:
+        return None
+    return two_chain_split(coarse_view(g)[0])
 
 
 def two_chain_split(cg: Graph) -> TwoChainSplit | None:
-    """The split of a coarse graph into two chains, or None when it has no side branch beside
-    the start of its heaviest path carrying MIN_SIDE_SHARE of the work."""
+    """The split of a coarse graph into two chains, with its relaxations' kept-node masks, or
+    None when it has no side branch beside the start of its heaviest path carrying
+    MIN_SIDE_SHARE of the work."""
     if cg.n < 4 or cg.n > MAX_SPINE_NODES:
         return None
     path = heaviest_path(cg)
@@ -92,7 +106,8 @@ def two_chain_split(cg: Graph) -> TwoChainSplit | None:
     if join < 1 or joins[join] < MIN_SIDE_SHARE * float(work.sum()):
         return None
     in_a = ((spans.pos >= 0) & (spans.pos < join)) | ((spans.pos < 0) & (spans.hi < join))
-    return TwoChainSplit(cg, spans, beside & (spans.hi == join), join, in_a)
+    split = TwoChainSplit(cg, spans, beside & (spans.hi == join), join, in_a)
+    return dataclasses.replace(split, keeps=tuple(relaxed_keeps(split)))
 
 
 def relaxed_keep(split: TwoChainSplit, budget: float) -> np.ndarray:
@@ -135,24 +150,22 @@ class TwoChainBound:
 
 
 def two_chain_bound(
-    g: Graph,
+    split: TwoChainSplit,
     cluster: Cluster,
     k: int,
     time_limit: float,
     target: float | None = None,
     floor: float = 0.0,
 ) -> TwoChainBound:
-    """The two-chain bound of ``g`` on ``k`` blocks of ``cluster`` (homogeneous; its work and
-    io, overflow left out): per relaxation (TWO_CHAIN_BUDGETS), a probe at ``floor`` (a
-    bound known already: a relaxation that fits there proves nothing more), then probes from
-    just below ``target`` (a plan's cost) down, to SPINE_REL_TOL (:func:`_descend`)."""
+    """The two-chain bound of the graph ``split`` splits (:func:`two_chain_case`) on ``k``
+    blocks of ``cluster`` (homogeneous; its work and io, overflow left out): per relaxation
+    (TWO_CHAIN_BUDGETS), a probe at ``floor`` (a bound known already: a relaxation that fits
+    there proves nothing more), then probes from just below ``target`` (a plan's cost) down,
+    to SPINE_REL_TOL (:func:`_descend`)."""
     deadline = time.perf_counter() + time_limit
-    cg, _ = coarse_view(g)
-    split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
-    if split is None:
-        return TwoChainBound(0.0, None, "not two chains")
+    cg = split.graph
     best, why = TwoChainBound(0.0, None), ""
-    for keep in relaxed_keeps(split):
+    for keep in split.keeps:
         if time.perf_counter() > deadline:
             break
         spine = spine_relaxation(cg, keep)
@@ -285,23 +298,22 @@ class TwoChainPlan:
 
 def two_chain_plan(
     g: Graph,
+    split: TwoChainSplit,
     cluster: Cluster,
     k: int,
     time_limit: float,
-    upper: float = math.inf,
-    lower: float = 0.0,
+    between: tuple[float, float] = (0.0, math.inf),
 ) -> TwoChainPlan | None:
-    """The best plan below ``upper`` of the DP on the pinned graphs (one per budget of
-    TWO_CHAIN_BUDGETS, the removed nodes merged into the node they feed), found within
-    ``time_limit``: probes on T between ``lower`` (a proven bound) and ``upper``
-    (:func:`_descend`), each feasible T's plan priced by the evaluator."""
+    """The best plan of ``g`` (``split``: its :func:`two_chain_case`) below a known plan's
+    cost of the DP on the pinned graphs (one per budget of TWO_CHAIN_BUDGETS, the removed
+    nodes merged into the node they feed), found within ``time_limit``: probes on T between
+    a proven bound and that cost (``between``, :func:`_descend`), each feasible T's plan
+    priced by the evaluator."""
     deadline = time.perf_counter() + time_limit
     cg, labels = coarse_view(g)
-    split = two_chain_split(cg) if cluster.homogeneous and k >= 2 else None
-    if split is None:
-        return None
+    lower, upper = between
     best: TwoChainPlan | None = None
-    for keep in relaxed_keeps(split):
+    for keep in split.keeps:
         if time.perf_counter() > deadline:
             break
         pin = pinned_labels(cg, keep)

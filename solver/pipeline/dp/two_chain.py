@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.core.cluster import Cluster
 from solver.core.graph import Graph, induced_subgraph
-from solver.pipeline.dp.separators import separators
+from solver.pipeline.dp.chain_ideals import ChainIdeals, ChainIdealsDoNotApply
 
 MAX_CHAIN_IDEALS = 2_500  # ideals of one chain (the pair tables are squares of it)
-MAX_GAP_IDEALS = 2_000  # down-closed subsets of one gap
 MAX_PAIR_STATES = 3_000_000  # (A-ideal, B-ideal) pairs held by the DP's tables
 EPS = 1e-9  # relative slack on float comparisons of block costs with T
 
@@ -39,10 +39,11 @@ class TwoChainUnsupported(Exception):
 
 
 @dataclass(frozen=True)
-class ChainIdeals:
-    """Every ideal of one chain, sorted so that a subset comes before its supersets: row r's
-    members (``member[r]``, a bool row over the chain's nodes), its work; row 0 is empty and
-    the last row holds every node."""
+class IdealRows:
+    """Every ideal of one chain as rows, in the order of
+    :class:`solver.pipeline.dp.chain_ideals.ChainIdeals` (a subset comes before its
+    supersets): row r's members (``member[r]``, a bool row over the chain's nodes), its work;
+    row 0 is empty and the last row holds every node."""
 
     member: np.ndarray
     work: np.ndarray
@@ -52,62 +53,18 @@ class ChainIdeals:
         return len(self.work)
 
 
-def chain_ideals(g: Graph, deadline: float) -> ChainIdeals:
-    """The ideals of ``g`` (a graph cut by its separators into gaps of few down-closed subsets):
-    separators before gap j all present, gaps before j whole, a down-closed subset of gap j."""
-    sep = separators(g)
-    if sep is None:
-        raise TwoChainUnsupported("a chain too large for reachability")
-    rank = g.topo_rank
-    s_nodes = np.flatnonzero(sep)
-    s_nodes = s_nodes[np.argsort(rank[s_nodes])]
-    gap = np.searchsorted(rank[s_nodes], rank)
-    rows: list[np.ndarray] = []
-    before = np.zeros(g.n, dtype=bool)
-    for j in range(len(s_nodes) + 1):
-        members = np.flatnonzero((gap == j) & ~sep)
-        members = members[np.argsort(rank[members])]
-        for subset in _gap_subsets(g, members, deadline):
-            row = before.copy()
-            row[subset] = True
-            rows.append(row)
-        if len(rows) > MAX_CHAIN_IDEALS:
-            raise TwoChainUnsupported(f"a chain with more than {MAX_CHAIN_IDEALS:,} ideals")
-        before[members] = True
-        if j < len(s_nodes):
-            before[s_nodes[j]] = True
-    rows.append(before)  # every node (the last separator's ideal, or the whole last gap)
-    member = np.unique(np.array(rows), axis=0)  # drops the one repeat (the whole last gap)
-    member = member[np.lexsort((member.sum(axis=1),))]
-    work = member.astype(float) @ np.asarray(g.work, dtype=float)
-    return ChainIdeals(member, work)
-
-
-def _gap_subsets(g: Graph, members: np.ndarray, deadline: float) -> list[list[int]]:
-    """The down-closed subsets of one gap (predecessors outside it are present), by size."""
-    local = {int(v): i for i, v in enumerate(members.tolist())}
-    ptr, idx = g.pred
-    need = [0] * len(members)
-    for i, v in enumerate(members.tolist()):
-        for u in idx[ptr[v] : ptr[v + 1]].tolist():
-            if u in local:
-                need[i] |= 1 << local[u]
-    seen, frontier = {0}, [0]
-    while frontier:
-        if time.perf_counter() > deadline:
-            raise TwoChainUnsupported("time limit while enumerating ideals")
-        nxt = []
-        for x in frontier:
-            for i in range(len(members)):
-                y = x | 1 << i
-                if y != x and need[i] & ~x == 0 and y not in seen:
-                    seen.add(y)
-                    nxt.append(y)
-        if len(seen) > MAX_GAP_IDEALS:
-            raise TwoChainUnsupported(f"a gap with more than {MAX_GAP_IDEALS:,} ideals")
-        frontier = nxt
-    ordered = sorted(seen, key=lambda x: (x.bit_count(), x))
-    return [[int(members[i]) for i in range(len(members)) if x >> i & 1] for x in ordered]
+def ideal_rows(g: Graph, bandwidth: float, deadline: float) -> IdealRows:
+    """The ideals of ``g`` (a graph its separators cut into gaps of few down-closed subsets),
+    enumerated by :class:`solver.pipeline.dp.chain_ideals.ChainIdeals` (the DP over one
+    chain's ideals), as rows."""
+    try:
+        ids = ChainIdeals(g, Cluster("two chain", 1, link_bandwidth=bandwidth), deadline)
+    except ChainIdealsDoNotApply as e:
+        raise TwoChainUnsupported(str(e)) from None
+    if ids.count > MAX_CHAIN_IDEALS:
+        raise TwoChainUnsupported(f"a chain with more than {MAX_CHAIN_IDEALS:,} ideals")
+    member = np.array([ids.assignment([0, r]) == 0 for r in range(ids.count)], dtype=bool)
+    return IdealRows(member.reshape(ids.count, g.n), ids.prefix(np.asarray(g.work, float)))
 
 
 @dataclass(frozen=True)
@@ -123,7 +80,7 @@ class TensorSide:
 
 
 def _tensor_side(
-    g: Graph, ids: ChainIdeals, nodes: np.ndarray, tensors: np.ndarray, bandwidth: float
+    g: Graph, ids: IdealRows, nodes: np.ndarray, tensors: np.ndarray, bandwidth: float
 ) -> TensorSide:
     """The :class:`TensorSide` of ``tensors`` on the chain whose graph nodes are ``nodes``
     (ideal columns are positions in ``nodes``)."""
@@ -155,7 +112,7 @@ def _subsets(member: np.ndarray) -> np.ndarray:
     return out
 
 
-def _chain_costs(ids: ChainIdeals, own: TensorSide, sub: np.ndarray, deadline: float) -> np.ndarray:
+def _chain_costs(ids: IdealRows, own: TensorSide, sub: np.ndarray, deadline: float) -> np.ndarray:
     """f(J minus I) for every pair I subset of J of one chain (inf elsewhere), over the
     tensors produced and consumed on it: work, a tensor received when its producer is in I and
     a consumer in J minus I, sent when its producer is in J minus I and a consumer outside J."""
@@ -185,8 +142,8 @@ class TwoChains:
 
     a_nodes: np.ndarray
     b_nodes: np.ndarray
-    a_ids: ChainIdeals
-    b_ids: ChainIdeals
+    a_ids: IdealRows
+    b_ids: IdealRows
     f_a: np.ndarray
     f_b: np.ndarray
     enter: np.ndarray
@@ -222,8 +179,8 @@ def two_chains(
     A holds a reader of a tensor of A."""
     _check_split(g, in_a)
     a_nodes, b_nodes = np.flatnonzero(in_a), np.flatnonzero(~in_a)
-    a_ids = chain_ideals(induced_subgraph(g, a_nodes), deadline)
-    b_ids = chain_ideals(induced_subgraph(g, b_nodes), deadline)
+    a_ids = ideal_rows(induced_subgraph(g, a_nodes), bandwidth, deadline)
+    b_ids = ideal_rows(induced_subgraph(g, b_nodes), bandwidth, deadline)
     if a_ids.count * b_ids.count > MAX_PAIR_STATES:
         raise TwoChainUnsupported(f"more than {MAX_PAIR_STATES:,} pairs of ideals")
     kinds = _tensor_kinds(g, in_a)
@@ -332,7 +289,7 @@ def _check_split(g: Graph, in_a: np.ndarray) -> None:
 
 
 def _needs(
-    g: Graph, in_a: np.ndarray, a_nodes: np.ndarray, b_nodes: np.ndarray, b_ids: ChainIdeals
+    g: Graph, in_a: np.ndarray, a_nodes: np.ndarray, b_nodes: np.ndarray, b_ids: IdealRows
 ) -> np.ndarray:
     """Per B-ideal, the A nodes (columns: positions in ``a_nodes``) its members are joined to
     by an edge (their ancestors follow: A-ideals are down-closed)."""
@@ -347,7 +304,7 @@ def _needs(
 
 
 def _credited_within_b(
-    g: Graph, group: CreditGroup, b_nodes: np.ndarray, b_ids: ChainIdeals, bandwidth: float
+    g: Graph, group: CreditGroup, b_nodes: np.ndarray, b_ids: IdealRows, bandwidth: float
 ) -> np.ndarray:
     """The credit of ``group`` (a tensor produced on B) per pair of B-ideals, by the rule of
     :func:`_credited`: the readers' credits when the producer or another reader is in the
