@@ -261,6 +261,8 @@ def how_proved(stats: dict) -> str:
     """A few words on what settled the instance."""
     if "ideals_dp" in stats:  # the DP over all ideals (training graphs), not the chain's
         return "ideals DP (free nodes priced), no search"
+    if "proof" in stats and "stopped" in stats:  # the DP ran only for the exact tie-break
+        return "met bound: " + str(stats["stopped"]).split(":")[0] + "; tie-break by the chain DP"
     if "proof" in stats:
         return f"{stats.get('bound_source', 'proof')} DP, no search"
     if "stopped" in stats:

@@ -18,6 +18,8 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.progress import NULL_PROGRESS, Progress
+from solver.core.result import meets_target
+from solver.pipeline.dp.chain_ideals import IDEALS_MIN_NODES, ChainResult, chain_ideal_dp
 from solver.pipeline.dp.ideals import IdealTimeout, ideal_dp, too_many_ideals
 from solver.pipeline.dp.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
 from solver.pipeline.exact.brute import brute_force
@@ -40,6 +42,8 @@ from solver.pipeline.topology import flat_then_place
 
 LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for its hint
 WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
+# the words of solver.pipeline.exact.cpsat.STOPPED_WARM (that module loads OR-Tools' CP-SAT)
+WARM_START_MET = "the warm start met the certified bound: no search"
 
 
 def _members(labels: np.ndarray, L: int) -> np.ndarray:
@@ -273,13 +277,39 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     prog = opts.watcher()
     # the exact DP over the separator chain (cached from the bound stage) first: when it
     # proves its plan optimal, no search can improve it
-    dp = chain_warm_start(g, cluster, t0 + WARM_START_SHARE * opts.time_limit)
-    if skips_search(dp):
+    deadline = t0 + WARM_START_SHARE * opts.time_limit
+    dp = chain_warm_start(g, cluster, deadline)
+    met = None if skips_search(dp) else met_incumbent_chain(g, cluster, opts, deadline)
+    if skips_search(met or dp):
         tie = bool(opts.extra.get("tie_break", True))
-        plan = proven_plan(g, cluster, dp, "cpsat", t0, tie)
+        plan = proven_plan(g, cluster, met or dp, "cpsat", t0, tie)
+        if met is not None:  # solve's incumbent settled the bottleneck, the DP the tie-break
+            plan.stats["stopped"] = WARM_START_MET
         prog.update(plan.objective, plan.lower_bound, time.perf_counter() - t0)
         return plan
     return _search_cpsat(g, cluster, opts, dp, prog, t0)
+
+
+def met_incumbent_chain(
+    g: Graph, cluster: Cluster, opts: SolveOptions, deadline: float
+) -> ChainResult | None:
+    """The exact DP over the separator chain's ideals (:func:`chain_ideal_dp`) at the cost of
+    solve's incumbent when that incumbent already meets the certified bound and the tie-break
+    is on; None where it does not apply. The bottleneck is settled then, and CP-SAT would
+    only run the tie-break, a time-boxed search (plus 0.2-0.3 s to load OR-Tools' CP-SAT and
+    pandas); the DP's tie-break is exact over every plan at that cost. Only on graphs below
+    IDEALS_MIN_NODES coarse nodes: larger ones had the DP from :func:`chain_warm_start`."""
+    inc, bound = opts.incumbent, opts.certified_bound
+    if inc is None or bound is None or not meets_target(inc.objective, bound):
+        return None
+    if not (cluster.homogeneous and opts.extra.get("tie_break", True)):
+        return None
+    cg, _ = coarse_view(g)
+    if cg.n >= IDEALS_MIN_NODES:
+        return None
+    left = max(0.0, deadline - time.perf_counter())
+    res = chain_ideal_dp(cg, cluster, cluster.devices, bound, left, upper=inc.objective)
+    return res if res.optimal else None
 
 
 def _search_cpsat(

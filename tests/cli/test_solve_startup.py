@@ -44,9 +44,11 @@ def training_shaped(seed: int = 0, layers: int = 5) -> dict:
     return graph | {"edges": edges, "cluster": {"devices": 3, "link_bandwidth": "1MB/s"}}
 
 
-def fresh_solve(tmp_path: Path, *flags: str) -> dict:
-    path = tmp_path / "train.json"
-    path.write_text(json.dumps(training_shaped()))
+def fresh_solve(tmp_path: Path, *flags: str, graph: Path | None = None) -> dict:
+    path = graph
+    if path is None:
+        path = tmp_path / "train.json"
+        path.write_text(json.dumps(training_shaped()))
     argv = ["solve", str(path), *flags, "--json", "-q"]
     proc = subprocess.run(
         [sys.executable, "-c", IN_FRESH_PROCESS, *argv],
@@ -67,6 +69,18 @@ def test_a_solve_the_dp_proves_loads_no_cpsat_no_sharding_and_no_joint_planner(t
     loaded = [m for m in run["modules"] if any(m == n or m.startswith(n + ".") for n in NOT_LOADED)]
     assert loaded == []
     assert "solver.pipeline.registry" in run["modules"]  # the check looks at the right process
+
+
+def test_a_solve_whose_warm_start_meets_the_bound_loads_no_cpsat(tmp_path):
+    """The README's first command: the warm start meets the certified bound, and the chain DP
+    (not CP-SAT) breaks the tie, so OR-Tools' CP-SAT and pandas are never loaded."""
+    run = fresh_solve(tmp_path, graph=REPO / "examples" / "tiny_transformer.json")
+    stats = run["plan"]["stats"]
+    assert run["plan"]["status"] == "OPTIMAL"
+    assert stats["stopped"].startswith("the warm start met the certified bound")
+    assert stats["tie_break"]["summary"].endswith("exact DP)")
+    loaded = [m for m in run["modules"] if any(m == n or m.startswith(n + ".") for n in NOT_LOADED)]
+    assert loaded == []
 
 
 def test_the_processs_own_run_writes_the_plan_it_prints(tmp_path):
