@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # the joint planner itself is imported on first use (see the 
 
 SAVE_JOINT_PLAN = api.OnFirstUse("solver.joint.plan", "save_joint_plan")
 JOINT_TRAINING_LINES = api.OnFirstUse("solver.joint.training", "training_lines")
-JOINT_SCHEDULES = api.OnFirstUse("solver.joint.training", "JOINT_SCHEDULES")
 
 
 def _block_rows(plan) -> list[tuple[str, dict | None]]:
@@ -302,10 +301,8 @@ def training_spec(args: argparse.Namespace) -> TrainingSpec | None:
                 f"{given} applies to training plans; add --schedule gpipe|1f1b|interleaved"
             )
         return None
-    if args.method == api.JOINT and args.schedule not in JOINT_SCHEDULES.get():
-        raise MtppError(
-            f"--schedule {args.schedule} does not apply to --method joint yet; use gpipe or 1f1b"
-        )
+    if args.method == api.JOINT:  # the joint planner's own refusal, before the model is read
+        api.CHECK_JOINT_TRAINING.get()(TrainingSpec(schedule=args.schedule))
     if args.granularity == LAYER:
         raise MtppError("--schedule does not apply with --granularity layer yet; drop one of them")
     if args.virtual_stages is not None and args.schedule != "interleaved":
