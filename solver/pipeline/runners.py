@@ -295,14 +295,15 @@ def met_incumbent_chain(
 ) -> ChainResult | None:
     """The exact DP over the separator chain's ideals (:func:`chain_ideal_dp`) at the cost of
     solve's incumbent when that incumbent already meets the certified bound and the tie-break
-    is on; None where it does not apply. The bottleneck is settled then, and CP-SAT would
-    only run the tie-break, a time-boxed search (plus 0.2-0.3 s to load OR-Tools' CP-SAT and
-    pandas); the DP's tie-break is exact over every plan at that cost. Only on graphs below
-    IDEALS_MIN_NODES coarse nodes: larger ones had the DP from :func:`chain_warm_start`."""
-    inc, bound = opts.incumbent, opts.certified_bound
+    is on with its default budget (``tie_break_seconds`` asks for CP-SAT's); None where it
+    does not apply. The bottleneck is settled then, and CP-SAT would only run the tie-break,
+    a time-boxed search (plus 0.2-0.3 s to load OR-Tools' CP-SAT and pandas); the DP's
+    tie-break is exact over every plan at that cost. Only on graphs below IDEALS_MIN_NODES
+    coarse nodes: larger ones had the DP from :func:`chain_warm_start`."""
+    inc, bound, extra = opts.incumbent, opts.certified_bound, opts.extra
     if inc is None or bound is None or not meets_target(inc.objective, bound):
         return None
-    if not (cluster.homogeneous and opts.extra.get("tie_break", True)):
+    if not cluster.homogeneous or not extra.get("tie_break", True) or "tie_break_seconds" in extra:
         return None
     cg, _ = coarse_view(g)
     if cg.n >= IDEALS_MIN_NODES:

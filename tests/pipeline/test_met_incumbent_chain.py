@@ -65,6 +65,9 @@ def test_no_dp_when_the_incumbent_does_not_meet_the_bound_or_the_tie_break_is_of
     assert met_incumbent_chain(g, CLUSTER, met_options(best, tie[3], best * 0.99), deadline) is None
     off = met_options(best, tie[3], best, tie_break=False)
     assert met_incumbent_chain(g, CLUSTER, off, deadline) is None
+    budget = met_options(best, tie[3], best, tie_break_seconds=1.0)  # CP-SAT's, as asked
+    assert met_incumbent_chain(g, CLUSTER, budget, deadline) is None
+    assert met_incumbent_chain(g, CLUSTER, met_options(best, tie[3], best), deadline) is not None
     assert met_incumbent_chain(g, CLUSTER, SolveOptions(time_limit=30.0), deadline) is None
 
 
