@@ -9,7 +9,8 @@ A plan comes in three kinds (``loaded.kind``):
 - ``"joint"`` (:class:`JointPlanFiles`): pipeline stages, each an SPMD program on its devices.
 
 A pipeline plan with ``training`` set is a training plan (docs/training.md): it is priced
-with the training model and simulated under its schedule.
+with the training model and simulated under its schedule; so is a joint plan with
+``plan.training`` set (a joint training plan, docs/backends.md).
 
 Each command is a dict ``{kind: function}``: :data:`EVALUATE`, :data:`SIMULATE`,
 :data:`EXPORT`; :func:`evaluate`, :func:`simulate` and :func:`export` look the plan's kind up
@@ -43,7 +44,7 @@ from solver.backends.frameworks import export_framework
 from solver.backends.schedule import TrainingSimulation, simulate_training_plan
 from solver.backends.simulate import Simulation
 from solver.backends.simulate import simulate as simulate_pipeline
-from solver.backends.simulate_joint import simulate_joint
+from solver.backends.simulate_joint import simulate_joint, simulate_joint_training
 from solver.core.cluster import Cluster
 from solver.core.errors import MtppError
 from solver.core.files import check_output_dir
@@ -140,7 +141,8 @@ class Evaluated:
     kind: str
     objective: float  # seconds per request (the period); a training plan: T
     violations: list[str]  # empty: the plan is valid
-    detail: Any  # PlanEvaluation (pipeline), Program (spmd), JointSimulation (joint)
+    detail: Any  # PlanEvaluation (pipeline), Program (spmd), JointSimulation (joint),
+    # JointTraining (joint training: the recomputed training terms)
     plan: Any = None  # the plan with its evaluated status (INVALID when it has violations)
     claim: dict = field(default_factory=dict)  # what the file claims, checked (claimed_status,
     # "claim" in words when checked against recomputed numbers, "used" for the status)
@@ -162,7 +164,8 @@ class Simulated:
 
     kind: str
     sim: Simulation | None  # None: a training plan (its schedule is in ``detail``)
-    detail: Any  # Simulation (pipeline), TrainingSimulation (training), JointSimulation (joint)
+    detail: Any  # Simulation (pipeline), TrainingSimulation (training), JointSimulation (joint),
+    # JointTrainingSimulation (joint training)
 
     @property
     def valid(self) -> bool:
@@ -199,11 +202,23 @@ def _evaluate_joint(p: JointPlanFiles) -> Evaluated:
     """Every stage priced again (the loader refuses a number that differs) and checked against
     the memory limit. The bound is the file's (stated over its space): checked against the
     objective, not recomputed; the status is the file's unless a stage does not fit."""
+    if p.plan.training is not None:
+        return _evaluate_joint_training(p)
     js = simulate_joint(p.plan, p.sm, requests=2)
     violations = list(js.sim.violations)
     plan = replace(p.plan, status=INVALID) if violations else p.plan
     claim = {"claimed_status": p.plan.status, "used": not violations}
     return Evaluated(JOINT, p.plan.objective, violations, js, plan, claim)
+
+
+def _evaluate_joint_training(p: JointPlanFiles) -> Evaluated:
+    """A joint training plan: the loader priced every stage again with the training cost
+    function (:func:`solver.joint.plan_check.check_training_plan`), refused a number that
+    differs and a stage over its memory limit, so the plan is valid; T and the training terms
+    are the recomputed ones. The bound and the status are the file's, checked against T."""
+    plan = p.plan
+    claim = {"claimed_status": plan.status, "used": True}
+    return Evaluated(JOINT, plan.objective, [], plan.training, plan, claim)
 
 
 EVALUATE: dict[str, Callable[[Any], Evaluated]] = {
@@ -245,6 +260,9 @@ def _simulate_training(p: PipelinePlan, options: SimulateOptions) -> Simulated:
 
 
 def _simulate_joint(p: JointPlanFiles, options: SimulateOptions) -> Simulated:
+    if p.plan.training is not None:  # its schedule run once (its microbatches are the requests)
+        refuse_options(options, "a joint training plan", requests=True)
+        return Simulated(JOINT, None, simulate_joint_training(p.plan))
     refuse_options(options, "a joint plan")
     js = simulate_joint(p.plan, p.sm, requests=options.requests)
     return Simulated(JOINT, js.sim, js)

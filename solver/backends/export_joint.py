@@ -184,6 +184,8 @@ def export_joint(
             "model_outputs": list(sm.outputs),
             "weight_bytes_copied": written.weight_bytes,
         }
+        if plan.training is not None:
+            add_training(manifest, plan.training)
         if verify:
             stages = _written_programs(plan, tmp)
             manifest["verify"] = verify_chain(plan, sm, stages, seed=seed, tolerance=tolerance)
@@ -194,6 +196,15 @@ def export_joint(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def add_training(manifest: dict, training) -> None:
+    """A joint training plan's settings in its export: the schedule, microbatches, optimizer
+    state and T (``manifest["training"]``, the plan file's section) and each stage's training
+    terms beside its row (``stages[i]["training"]``: F, B, t, sync, in flight, memory)."""
+    manifest["training"] = training.to_dict()
+    for row, terms in zip(manifest["stages"], training.stages, strict=True):
+        row["training"] = terms.to_dict()
 
 
 def _check_verify_memory(needed: float) -> None:
@@ -212,6 +223,7 @@ def readme(manifest: dict) -> str:
         f"Joint plan of {manifest['model']} on {manifest['cluster']}: "
         f"{len(manifest['stages'])} pipeline stages, each an SPMD program on its devices.",
         "plan.json: the joint plan; manifest.json: this summary as data.",
+        *training_readme(manifest.get("training")),
         "",
     ]
     for st in manifest["stages"]:
@@ -223,3 +235,18 @@ def readme(manifest: dict) -> str:
             "strategies.yaml, plan.json (the sharded program)",
         ]
     return "\n".join(lines) + "\n"
+
+
+def training_readme(training: dict | None) -> list[str]:
+    """The README lines of a joint training plan's export (none for an inference plan)."""
+    if training is None:
+        return []
+    return [
+        f"Trained with {training['schedule']}, m = {training['microbatches']} microbatches, "
+        f"optimizer state x{training['optimizer_state']:g}: iteration time T = "
+        f"{training['iteration_time']:.6g} s (manifest.json: training; per stage: F, B, sync, "
+        "in flight, memory).",
+        "Each stage folder holds the stage's forward graph with its strategies; its backward "
+        "(the same shardings, the gradient sync over the stage's data axis once per iteration) "
+        "is derived by the training framework, not exported.",
+    ]

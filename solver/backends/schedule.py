@@ -339,9 +339,13 @@ def _peak_inflight(tasks: list[Task]) -> int:
     return peak
 
 
-def gantt_chart(run: ScheduleRun, path: str, title: str | None = None) -> None:
+def gantt_chart(
+    run: ScheduleRun, path: str, title: str | None = None, syncs: list | None = None
+) -> None:
     """A PNG Gantt chart of the schedule: one row per stage, forwards light, backwards dark,
-    each bar labelled with its microbatch (and ``.chunk`` when interleaved)."""
+    each bar labelled with its microbatch (and ``.chunk`` when interleaved); ``syncs``: per
+    stage the (start, end) of its gradient synchronisation (a joint training plan), drawn
+    after its backwards."""
     import matplotlib  # heavy: matplotlib (imported only to draw)
 
     matplotlib.use("Agg")
@@ -356,12 +360,15 @@ def gantt_chart(run: ScheduleRun, path: str, title: str | None = None) -> None:
         if t.end - t.start > run.makespan / 80:
             label = f"{t.microbatch}" + (f".{t.chunk}" if run.spec.virtual_stages > 1 else "")
             ax.text((t.start + t.end) / 2, t.stage, label, ha="center", va="center", fontsize=7)
+    for i, (start, end) in enumerate(syncs or []):
+        ax.barh(i, end - start, left=start, color="#fd8d3c", edgecolor="white")
     ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
     ax.invert_yaxis()
     ax.legend(
         handles=[
             Patch(color=colours["F"], label="forward"),
             Patch(color=colours["B"], label="backward"),
+            *([Patch(color="#fd8d3c", label="gradient sync")] if syncs else []),
         ],
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),

@@ -15,6 +15,9 @@ strategies, not read from the plan's numbers:
   device of S and one of T, and arrives after the largest latency of those links; a tensor
   read by two later stages is sent twice; model inputs and outputs move free.
 
+A joint training plan (``plan.training``) runs its schedule instead:
+:func:`simulate_joint_training` (below, "Joint training plans").
+
 The machinery of :mod:`solver.backends.simulate` is reused: a
 :class:`~solver.backends.simulate.DeviceProgram`
 per stage, its :class:`~solver.backends.simulate.Simulation` record (per device: every device of a
@@ -32,7 +35,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solver.backends.schedule import (
+    MAKESPAN_RULES,
+    MakespanRelation,
+    ScheduleRun,
+    makespan_relation,
+    simulate_schedule,
+)
 from solver.backends.simulate import DeviceProgram, Simulation, check_simulation_size
+from solver.core.errors import MtppError
+from solver.core.training import TrainingSpec
+from solver.joint.plan import JointTraining, TrainingStage
 from solver.joint.stages import StageProgram, stage_programs
 from solver.joint.submesh import stage_limit
 from solver.spmd.model import ShardModel
@@ -125,7 +138,13 @@ def simulate_joint(
     :func:`solver.spmd.load_model` reads it). All requests wait at time 0 to measure the
     steady-state period; latency is then measured releasing one request per period, as
     :func:`solver.backends.simulate.simulate` does. Raises :class:`MtppError` for a plan that
-    does not fit the model (:func:`solver.joint.stages.check_stages`) or a run that is too large."""
+    does not fit the model (:func:`solver.joint.stages.check_stages`), a run that is too large,
+    or a training plan (its schedule runs in :func:`simulate_joint_training`)."""
+    if plan.training is not None:
+        raise MtppError(
+            "a joint training plan runs microbatches under its schedule, not requests: "
+            "simulate it with mtpp simulate MODEL.onnx PLAN [--gantt FILE.png]"
+        )
     check_simulation_size(len(plan.stages), int(requests))
     if programs is None:
         programs = stage_programs(plan, sm)
@@ -279,3 +298,185 @@ def _stage_rows(plan, programs, progs) -> _StageReport:
             }
         )
     return _StageReport(rows, bad)
+
+
+# ---------------------------------------------------------------------- joint training plans
+JOINT_SYNC_RULE = (
+    "then every stage synchronises its gradients once, when its last backward ends (stages "
+    "on disjoint devices, at the same time): makespan = max_i (end_i + sync_i), between the "
+    "pipeline's makespan + sync_0 (stage 0 ends last) and the pipeline's makespan + max sync "
+    "(T counts max sync after the pipeline); makespan = T when every stage has the same F, B "
+    "and sync (1F1B: the same t and sync)"
+)
+
+
+@dataclass(frozen=True)
+class JointStageRun:
+    """One stage of a simulated joint training plan: its model terms next to the run's."""
+
+    stage: int
+    devices: tuple[int, ...]
+    forward: float
+    backward: float
+    sync: float
+    busy_fraction: float  # forwards, backwards and the sync / makespan
+    pipeline_end: float  # its last backward ends
+    sync_end: float  # its gradient synchronisation ends
+    inflight_model: float
+    inflight_simulated: float
+    memory_model: float
+    memory_simulated: float
+    capacity: float | None
+
+    def to_dict(self) -> dict:
+        return {
+            "stage": self.stage,
+            "devices": list(self.devices),
+            "forward": self.forward,
+            "backward": self.backward,
+            "sync": self.sync,
+            "busy_fraction": self.busy_fraction,
+            "pipeline_end": self.pipeline_end,
+            "sync_end": self.sync_end,
+            "inflight_model": self.inflight_model,
+            "inflight_simulated": self.inflight_simulated,
+            "memory_model_bytes": self.memory_model,
+            "memory_simulated_bytes": self.memory_simulated,
+            "capacity_bytes": self.capacity,
+        }
+
+
+@dataclass(frozen=True)
+class JointMakespanRelation:
+    """How the simulated makespan relates to T for this plan: the pipeline part by the
+    schedule's rule (``pipeline``, against T - max sync), then the gradient sync."""
+
+    pipeline: MakespanRelation
+    lower: float  # makespan >= this: the pipeline's bound (GPipe: its exact value) + sync_0
+    upper: float | None  # makespan <= this: the pipeline's upper bound + max sync (1F1B, GPipe)
+    rule: str
+
+    def to_dict(self) -> dict:
+        return {
+            "pipeline": self.pipeline.to_dict(),
+            "lower": self.lower,
+            "upper": self.upper,
+            "rule": self.rule,
+        }
+
+
+@dataclass(frozen=True)
+class JointTrainingSimulation:
+    """A joint training plan's schedule run once: makespan vs T, every stage's peak in-flight
+    count and memory vs the plan's, and violations (a stage over its capacity)."""
+
+    model: str
+    training: JointTraining
+    run: ScheduleRun  # the forwards and backwards (the sync is in ``stages``)
+    pipeline_makespan: float
+    makespan: float
+    stages: tuple[JointStageRun, ...]
+    relation: JointMakespanRelation
+    violations: tuple[str, ...]
+
+    @property
+    def iteration_time(self) -> float:
+        return self.training.iteration_time
+
+    @property
+    def ratio(self) -> float | None:
+        """makespan / T (None for T = 0)."""
+        return self.makespan / self.iteration_time if self.iteration_time > 0 else None
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict:
+        return self.run.to_dict() | {
+            "model": self.model,
+            "iteration_time": self.iteration_time,
+            "pipeline_makespan": self.pipeline_makespan,
+            "makespan": self.makespan,
+            "makespan_over_iteration_time": self.ratio,
+            "relation": self.relation.to_dict(),
+            "valid": self.valid,
+            "violations": list(self.violations),
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+@dataclass(frozen=True)
+class _ScheduleTimes:
+    """What :func:`solver.backends.schedule.makespan_relation` reads of a priced plan: the
+    spec and each stage's ``forward`` and ``backward``."""
+
+    spec: TrainingSpec
+    stages: tuple[TrainingStage, ...]
+
+
+def simulate_joint_training(plan) -> JointTrainingSimulation:
+    """Run a joint training plan's schedule (docs/backends.md, "Joint training plans"): each
+    stage's F and B per microbatch (its transfers inside, as the model has them) in the
+    schedule's order, then each stage's gradient sync once."""
+    devices = [tuple(int(d) for d in st.devices) for st in plan.stages]
+    return simulate_training_stages(plan.training, devices, plan.model_name)
+
+
+def simulate_training_stages(
+    training: JointTraining, devices: list[tuple[int, ...]], model: str = "model"
+) -> JointTrainingSimulation:
+    """:func:`simulate_joint_training` on the training terms alone (one tuple of devices per
+    stage)."""
+    rows = training.stages
+    spec = TrainingSpec(training.schedule, training.microbatches, 1, training.optimizer_state)
+    run = simulate_schedule(
+        np.array([r.forward for r in rows]),
+        np.array([r.backward for r in rows]),
+        spec,
+        static=np.array([r.base for r in rows]),
+        stash=np.array([r.stash for r in rows]),
+    )
+    ends = [max(t.end for t in run.tasks if t.stage == i) for i in range(len(rows))]
+    makespan = max(end + r.sync for end, r in zip(ends, rows, strict=True))
+    span = makespan if makespan > 0 else 1.0
+    stages = tuple(
+        JointStageRun(
+            i,
+            devices[i],
+            r.forward,
+            r.backward,
+            r.sync,
+            (s.busy + r.sync) / span,
+            ends[i],
+            ends[i] + r.sync,
+            r.inflight,
+            s.peak_inflight,
+            r.memory,
+            float(s.peak_memory),
+            r.capacity,
+        )
+        for i, (r, s) in enumerate(zip(rows, run.stages, strict=True))
+    )
+    relation = joint_makespan_relation(spec, rows)
+    over = tuple(
+        f"stage {s.stage}: {s.memory_simulated:.6g} bytes per device in the run exceed its "
+        f"capacity {s.capacity:.6g}"
+        for s in stages
+        if s.capacity is not None and s.memory_simulated > s.capacity * (1 + 1e-12)
+    )
+    return JointTrainingSimulation(
+        model, training, run, run.makespan, makespan, stages, relation, over
+    )
+
+
+def joint_makespan_relation(spec: TrainingSpec, rows) -> JointMakespanRelation:
+    """The bounds on a joint training plan's makespan that docs/backends.md states: the
+    schedule's bounds on the pipeline (docs/training.md, "How the makespan relates to T"),
+    plus sync_0 below and max sync above."""
+    pipeline = makespan_relation(_ScheduleTimes(spec, tuple(rows)))
+    first = pipeline.exact if pipeline.exact is not None else pipeline.lower
+    most = max(r.sync for r in rows)
+    upper = None if pipeline.upper is None else pipeline.upper + most
+    rule = f"{MAKESPAN_RULES[spec.schedule]} (the pipeline, vs T - max sync); {JOINT_SYNC_RULE}"
+    return JointMakespanRelation(pipeline, first + rows[0].sync, upper, rule)

@@ -44,9 +44,10 @@ def print_pipeline_evaluation(record: Evaluated, as_json: bool) -> None:
 
 
 def print_joint_evaluation(record: Evaluated, as_json: bool) -> None:
-    """A joint plan: every stage re-priced (the loader refuses a number that differs), the
-    bound and status the file's, checked against the objective; INVALID when a stage does
-    not fit."""
+    """A joint plan: every stage re-priced (the loader refuses a number that differs; a
+    training plan by the training cost function, its T and per-stage F, B, t, sync, in-flight
+    count and memory printed), the bound and status the file's, checked against the
+    objective; INVALID when a stage does not fit."""
     plan, claimed = record.plan, record.claim["claimed_status"]
     if as_json:
         out = plan.to_dict()
@@ -60,11 +61,14 @@ def print_joint_evaluation(record: Evaluated, as_json: bool) -> None:
         print_json(out)
         return
     con = console()
-    con.print("[bold]evaluation[/bold] of a joint plan")
+    training = plan.training is not None
+    con.print(f"[bold]evaluation[/bold] of a joint {'training ' if training else ''}plan")
     print_joint_plan(plan, con)
+    priced = "for training (F, B, sync, memory, T) " if training else ""
     con.print(
-        "every stage re-priced from the model and the cluster: the file's numbers match; the "
-        f"bound and the status ({esc(claimed)}) are the file's, checked against the objective"
+        f"every stage re-priced {priced}from the model and the cluster: the file's numbers "
+        f"match; the bound and the status ({esc(claimed)}) are the file's, checked against "
+        "the objective"
     )
     for v in record.violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")

@@ -202,6 +202,14 @@ def print_joint_export(args: argparse.Namespace, report: dict, ok: bool) -> None
         + ", ".join(st["folder"] + "/" for st in report["stages"])
         + ", plan.json, manifest.json, README.txt"
     )
+    tr = report.get("training")
+    if tr is not None:
+        con.print(
+            f"a training plan ({esc(tr['schedule'])}, m = {tr['microbatches']}, T "
+            f"{fmt(tr['iteration_time'])} s): its settings and each stage's F, B, sync and "
+            "memory in manifest.json; each stage folder holds its forward graph with its "
+            "strategies (the backward is the training framework's)"
+        )
     for st in report["stages"]:
         coll = ", ".join(f"{k} x{n}" for k, n in st["collectives"].items()) or "no collectives"
         con.print(

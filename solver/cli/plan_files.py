@@ -31,7 +31,8 @@ from solver.core.graph import Graph
 from solver.core.units import format_bytes, format_rate, format_time
 from solver.frontends import is_onnx_file
 from solver.frontends.sharding_points import parse_sharding
-from solver.joint.plan import JOINT_FORMAT, JointPlan, check_against_model, joint_plan_from_data
+from solver.joint.plan import JOINT_FORMAT, JointPlan, joint_plan_from_data
+from solver.joint.plan_check import check_joint_plan
 from solver.joint.stages import check_stages
 from solver.pipeline.heuristics.manual import manual_assignment
 from solver.pipeline.plan import (
@@ -283,9 +284,10 @@ class JointInputs:
 
 
 def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
-    """The joint plan read and checked against its model (one line for every mismatch), a
-    ``--cluster``/``--devices`` given checked against the plan's cluster, ``--memory`` as its
-    memory limit when given; and the model as the sharding package reads it."""
+    """The joint plan read and checked against its model (one line for every mismatch; a
+    training plan priced by the training cost function), a ``--cluster``/``--devices`` given
+    checked against the plan's cluster, ``--memory`` as its memory limit when given; and the
+    model as the sharding package reads it."""
     plan = joint_plan_from_data(plan_file.data, plan_file.path)  # the file is read once
     if args.cluster is not None or args.devices is not None:
         given = (
@@ -299,7 +301,7 @@ def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
     memory = memory_arg(args)
     if memory is not None:
         plan.memory_limit = memory
-    check_against_model(plan, sm, plan_file.path)
+    check_joint_plan(plan, sm, plan_file.path)
     return JointInputs(plan, sm)
 
 

@@ -15,7 +15,15 @@ from solver.backends import dispatch
 from solver.backends.dispatch import JointPlanFiles, PipelinePlan, Simulated, SimulateOptions
 from solver.backends.schedule import gantt_chart
 from solver.backends.simulate import check_latency, check_simulation_size, draw_gantt
-from solver.cli.common import console, input_paths, print_json, print_list_line
+from solver.cli.common import (
+    BYTE_UNITS,
+    TIME_UNITS,
+    ColumnUnit,
+    console,
+    input_paths,
+    print_json,
+    print_list_line,
+)
 from solver.cli.plan_files import NOT_FOR_JOINT, command_plan, load_plan, refuse_for_kind
 from solver.cli.solve import print_training_simulation
 from solver.core.errors import MtppError
@@ -116,11 +124,28 @@ def print_joint(record: Simulated, p: JointPlanFiles, args: argparse.Namespace) 
         print_joint_simulation(console(), js, plan, args)
 
 
+def print_joint_training(record: Simulated, p: JointPlanFiles, args: argparse.Namespace) -> None:
+    """A joint training plan's schedule run once, next to its model (docs/backends.md)."""
+    js = record.detail
+    if args.gantt is not None:
+        syncs = [(s.pipeline_end, s.sync_end) for s in js.stages]
+        title = (
+            f"{p.plan.model_name}: {js.training.schedule}, m = {js.training.microbatches}: "
+            f"makespan {js.makespan:.6g} s (plan T {js.iteration_time:.6g} s)"
+        )
+        gantt_chart(js.run, args.gantt, title, syncs=syncs)
+    if args.json:
+        print_json({**js.to_dict(), "cluster": p.plan.cluster.to_dict()})
+    else:
+        print_joint_training_simulation(console(), js, p.plan, args.gantt)
+
+
 # (kind, a training plan's schedule) -> printer
 PRINTERS = {
     (dispatch.PIPELINE, False): print_pipeline,
     (dispatch.PIPELINE, True): print_training,
     (dispatch.JOINT, False): print_joint,
+    (dispatch.JOINT, True): print_joint_training,
 }
 
 
@@ -200,3 +225,58 @@ def print_joint_simulation(con, js, plan, args: argparse.Namespace) -> None:
         con.print(f"[red]invalid:[/red] {esc(v)}")
     if args.gantt is not None:
         con.print(f"Gantt chart written to {esc(args.gantt)}")
+
+
+def print_joint_training_simulation(con, js, plan, gantt: str | None) -> None:
+    """A joint training plan's simulated schedule: makespan vs T, the bounds that hold, and
+    per stage F, B, sync, busy fraction, in-flight count and memory, simulated vs the plan's."""
+    from rich import box
+    from rich.table import Table
+
+    tr = js.training
+    con.print(
+        f"[bold]training schedule[/bold]: joint plan of {esc(plan.model_name)}, "
+        f"{len(plan.stages)} stages, {tr.schedule}, m = {tr.microbatches}"
+    )
+    print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", plan.cluster.summary()))
+    ratio = "-" if js.ratio is None else f"{js.ratio:.4f}"
+    con.print(
+        f"makespan {format_time(js.makespan)}  plan T {format_time(js.iteration_time)}  "
+        f"makespan / T {ratio}  valid {js.valid}"
+    )
+    rel = js.relation
+    upper = "" if rel.upper is None else f", <= {format_time(rel.upper)}"
+    con.print(
+        f"forwards and backwards end at {format_time(js.pipeline_makespan)}, then the gradient "
+        f"sync; proven here: makespan >= {format_time(rel.lower)}{upper}"
+    )
+    con.print(esc(rel.rule))
+    tu = ColumnUnit([x for s in js.stages for x in (s.forward, s.backward, s.sync)], TIME_UNITS)
+    mems = [x for s in js.stages for x in (s.memory_simulated, s.memory_model)]
+    bu = ColumnUnit(mems, BYTE_UNITS)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("stage", f"F\n{tu.name}", f"B\n{tu.name}", f"sync\n{tu.name}", "busy"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for name in ("in\nflight\nsim", "in\nflight\nplan"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for name in ("memory\nsim", "memory\nplan"):
+        t.add_column(f"{name}\n{bu.name}", justify="right", no_wrap=True)
+    for s in js.stages:
+        t.add_row(
+            str(s.stage),
+            *(tu.cell(x) for x in (s.forward, s.backward, s.sync)),
+            f"{100 * s.busy_fraction:.1f}%",
+            f"{s.inflight_simulated:g}",
+            f"{s.inflight_model:g}",
+            bu.cell(s.memory_simulated),
+            bu.cell(s.memory_model),
+        )
+    con.print(t)
+    con.print(
+        "(per microbatch: F, B with the stage's transfers; sync once per iteration; in flight: "
+        "the most microbatches stashed at once; devices in --json)"
+    )
+    for violation in js.violations:
+        con.print(f"[red]invalid:[/red] {esc(violation)}")
+    if gantt is not None:
+        con.print(f"Gantt chart written to {esc(gantt)}")

@@ -17,6 +17,7 @@ from solver.core.cluster import Cluster, cluster_from_dict
 from solver.core.errors import MtppError
 from solver.core.files import read_json, write_json_atomic
 from solver.core.result import STATUSES, claim_problem, relative_gap
+from solver.core.training import TrainingSpec
 from solver.joint.segment import make_segment, tensor_bytes
 from solver.joint.submesh import stage_limit, sub_cluster, transfer_time
 from solver.spmd.mesh import Mesh, mesh_on
@@ -27,6 +28,7 @@ from solver.spmd.strategy import Strategy
 JOINT_FORMAT = "mtpp-joint-plan"
 JOINT_VERSION = 1
 CHECK_TOL = 1e-9  # relative: a number in a plan file that differs more was changed
+TRAINING_SCHEDULES = ("gpipe", "1f1b")  # the schedules of joint training plans
 
 
 @dataclass
@@ -312,11 +314,6 @@ def joint_plan_from_data(data: object, where: str, model=None) -> JointPlan:
         raise MtppError(f"{where}: not a joint plan (format {JOINT_FORMAT!r} expected)")
     if data.get("version") != JOINT_VERSION:
         raise MtppError(f"{where}: joint plan version {data.get('version')!r} is not supported")
-    if "training" in data:
-        raise MtppError(
-            f"{where}: a joint training plan; mtpp evaluate, simulate and export do not read "
-            "joint training plans yet (its numbers come from mtpp solve --method joint --schedule)"
-        )
     cluster = cluster_from_dict(data.get("cluster"), f"{where}: cluster")
     raw = data.get("stages")
     if not isinstance(raw, list) or not raw:
@@ -328,19 +325,96 @@ def joint_plan_from_data(data: object, where: str, model=None) -> JointPlan:
     if data.get("status") not in STATUSES:
         raise MtppError(f"{where}: unknown status {str(data.get('status'))[:40]!r}")
     plan = _plan_from_dict(data, cluster, stages, where)
+    if "training" in data:
+        plan.training = training_from_dict(data["training"], stages, f"{where}: training")
     objective = _number(data, "objective", where)
+    what = "the slowest stage's time" if plan.training is None else "the iteration time T"
     why = claim_problem(
         plan.objective,
         plan.status,
         plan.lower_bound,
         objective,
-        objective_differs="objective {claimed!r} is not the slowest stage's time",
+        objective_differs=f"objective {{claimed!r}} is not {what}",
     )
     if why is not None:
         raise MtppError(f"{where}: {why}")
     if model is not None:
         check_against_model(plan, model, where)
     return plan
+
+
+# the numbers of a training stage in its file, in TrainingStage's order
+TRAINING_STAGE_KEYS = (
+    "forward",
+    "backward",
+    "time",
+    "sync",
+    "base_bytes",
+    "stash_bytes",
+    "inflight",
+    "memory_bytes",
+)
+
+
+def training_from_dict(raw: object, stages: list[Stage], where: str) -> JointTraining:
+    """The ``training`` section of a joint training plan file: its schedule and a row per
+    stage, each checked for what holds by construction (t = F + B = program + 2 io, memory =
+    base + in flight x stash with the schedule's in-flight count, the stage's memory, and T
+    = sum t + (m - 1) max t + max sync), so a changed number is refused in one line."""
+    if not isinstance(raw, dict):
+        raise MtppError(f"{where}: must be a mapping")
+    schedule = raw.get("schedule")
+    if schedule not in TRAINING_SCHEDULES:
+        raise MtppError(
+            f"{where}: schedule {str(schedule)[:40]!r} is not one of "
+            + ", ".join(TRAINING_SCHEDULES)
+        )
+    try:
+        spec = TrainingSpec(schedule, raw.get("microbatches"), 1, raw.get("optimizer_state"))
+    except MtppError as e:
+        raise MtppError(f"{where}: {e}") from None
+    rows = raw.get("stages")
+    if not isinstance(rows, list) or len(rows) != len(stages):
+        raise MtppError(f"{where}: 'stages' must list one row per stage ({len(stages)})")
+    inflight = spec.inflight(len(stages))
+    out = tuple(
+        _training_stage(row, st, float(inflight[i]), f"{where}: stage {i}")
+        for i, (row, st) in enumerate(zip(rows, stages, strict=True))
+    )
+    a, b = spec.time_weights
+    times = [r.time for r in out]
+    T = a * math.fsum(times) + b * max(times) + max(r.sync for r in out)
+    claimed = _number(raw, "iteration_time", where)
+    if differs(claimed, T):
+        raise MtppError(
+            f"{where}: iteration_time {claimed!r} is not sum t + (m - 1) max t + max sync ({T!r})"
+        )
+    return JointTraining(schedule, spec.microbatches, float(spec.optimizer_state), T, out)
+
+
+def _training_stage(row: object, st: Stage, inflight: float, w: str) -> TrainingStage:
+    """One stage's row of the training section, checked against itself and its stage."""
+    if not isinstance(row, dict):
+        raise MtppError(f"{w}: must be a mapping")
+    values = [_number(row, key, w) for key in TRAINING_STAGE_KEYS]
+    r = TrainingStage(*values, _number(row, "capacity_bytes", w, optional=True))
+    io = st.io_in + st.io_out
+    checks = (
+        ("time", r.time, r.forward + r.backward, "F + B"),
+        ("time", r.time, st.program_time + 2 * io, "program_time + 2 (io_in + io_out)"),
+        ("inflight", r.inflight, inflight, "the schedule's in-flight count"),
+        ("memory_bytes", r.memory, r.base + r.inflight * r.stash, "base + inflight x stash"),
+        ("memory_bytes", r.memory, st.memory_per_device, "the stage's memory_per_device"),
+    )
+    for key, value, expected, what in checks:
+        if differs(value, expected):
+            raise MtppError(f"{w}: {key} {value!r} is not {what} ({expected!r})")
+    return r
+
+
+def differs(a: float, b: float) -> bool:
+    """Whether two numbers of a plan file differ by more than rounding (:data:`CHECK_TOL`)."""
+    return abs(a - b) > CHECK_TOL * max(abs(a), abs(b)) + 1e-15
 
 
 def _plan_from_dict(data: dict, cluster: Cluster, stages: list[Stage], where: str) -> JointPlan:
@@ -434,9 +508,30 @@ def _stage_mesh(m, devices: int, w: str) -> Mesh:
 
 
 def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
-    """Price every stage again on ``model``; refuse a plan whose stages do not cover the
-    model's operators in order, or whose numbers differ from the recomputed ones."""
+    """Price every stage of an inference plan again on ``model``; refuse a plan whose stages
+    do not cover the model's operators in order, or whose numbers differ from the recomputed
+    ones. A training plan is priced by the training cost function:
+    :func:`solver.joint.plan_check.check_joint_plan` checks both kinds."""
+    if plan.training is not None:
+        raise MtppError(
+            f"{where}: a joint training plan; check it with "
+            "solver.joint.plan_check.check_joint_plan"
+        )
     sm = model if isinstance(model, ShardModel) else load_model(model, weights=False)
+    specs = stage_specs(plan, sm, where)
+    try:
+        fresh, over = price_stages(sm, plan.cluster, specs, plan.memory_limit)
+    except MtppError as e:
+        raise MtppError(f"{where}: {e}") from None
+    if over is not None:
+        raise MtppError(f"{where}: {over}")
+    compare_stages(plan.stages, fresh, where)
+
+
+def stage_specs(plan: JointPlan, sm: ShardModel, where: str) -> list[StageSpec]:
+    """What defines each stage of ``plan`` on the model ``sm``; refused in one line when the
+    stages do not hold the model's operators in order, miss a strategy, or state mesh links
+    that are not the cluster's."""
     names = [op.name for op in sm.ops]
     specs, pos = [], 0
     for st in plan.stages:
@@ -458,16 +553,16 @@ def check_against_model(plan: JointPlan, model, where: str = "plan") -> None:
             raise MtppError(f"{where}: stage {st.index}: the mesh's links are not the cluster's")
     if pos != len(names):
         raise MtppError(f"{where}: the stages stop before operator {names[pos]!r}")
-    try:
-        fresh, over = price_stages(sm, plan.cluster, specs, plan.memory_limit)
-    except MtppError as e:
-        raise MtppError(f"{where}: {e}") from None
-    if over is not None:
-        raise MtppError(f"{where}: {over}")
-    for old, new in zip(plan.stages, fresh, strict=True):
+    return specs
+
+
+def compare_stages(stages: list[Stage], fresh: list[Stage], where: str) -> None:
+    """Refuse (one line) a stage of a plan file whose priced numbers, inputs or outputs
+    differ from the same stage priced again (``fresh``)."""
+    for old, new in zip(stages, fresh, strict=True):
         for key in ("program_time", "io_in", "io_out", "memory_per_device"):
             a, b = getattr(old, key), getattr(new, key)
-            if abs(a - b) > CHECK_TOL * max(abs(a), abs(b)) + 1e-15:
+            if differs(a, b):
                 raise MtppError(
                     f"{where}: stage {old.index}: {key} is {a!r} in the file but the model "
                     f"gives {b!r}"

@@ -335,10 +335,9 @@ def test_cli_solve_joint_training_json_and_plan_file(chain_path, tmp_path, capsy
     assert data["lower_bound"] <= data["objective"]
     saved = json.loads(out.read_text())
     assert saved["objective"] == data["objective"]
-    for command in ("evaluate", "simulate"):
+    for command in ("evaluate", "simulate"):  # tests/cli/test_joint_training_evaluate_*.py
         code, _, err = run(capsys, command, chain_path, out)
-        assert code == 2
-        assert err.count("\n") == 1 and "a joint training plan" in err
+        assert code == 0, err
 
 
 def test_cli_solve_joint_training_table(chain_path, capsys):
