@@ -80,7 +80,7 @@ class TrainingStage:
     per microbatch ``forward`` = forward program + io in + io out, ``backward`` = backward
     program + the same io again (the gradients cross back), ``time`` = t_i = their sum; the
     gradient synchronisation ``sync`` once per iteration; ``memory`` = ``base`` (the weights with
-    their training state and one microbatch's peak) + (``inflight`` - 1) x ``stash``."""
+    their training state and one microbatch's peak) + ``inflight`` x ``stash``."""
 
     forward: float
     backward: float
