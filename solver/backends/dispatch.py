@@ -99,6 +99,9 @@ class JointPlanFiles:
     sm: ShardModel
     model_path: str | Path
     plan_path: str | Path | None = None  # the plan file, copied as is by export
+    claimed_status: str | None = None  # the file's status (None: the plan's)
+    claims_apply: bool = True  # False: the file's bound and status were dropped (--memory
+    # above the limit the plan was solved under)
 
     @property
     def cluster(self) -> Cluster:
@@ -207,7 +210,8 @@ def _evaluate_joint(p: JointPlanFiles) -> Evaluated:
     js = simulate_joint(p.plan, p.sm, requests=2)
     violations = list(js.sim.violations)
     plan = replace(p.plan, status=INVALID) if violations else p.plan
-    claim = {"claimed_status": p.plan.status, "used": not violations}
+    claimed = p.claimed_status or p.plan.status
+    claim = {"claimed_status": claimed, "used": not violations and p.claims_apply}
     return Evaluated(JOINT, p.plan.objective, violations, js, plan, claim)
 
 
@@ -215,9 +219,11 @@ def _evaluate_joint_training(p: JointPlanFiles) -> Evaluated:
     """A joint training plan: the loader priced every stage again with the training cost
     function (:func:`solver.joint.plan_check.check_training_plan`), refused a number that
     differs and a stage over its memory limit, so the plan is valid; T and the training terms
-    are the recomputed ones. The bound and the status are the file's, checked against T."""
+    are the recomputed ones. The bound and the status are the file's, checked against T
+    (unless ``--memory`` raised the limit: then the universal bound, never OPTIMAL)."""
     plan = p.plan
-    claim = {"claimed_status": plan.status, "used": True}
+    claimed = p.claimed_status or plan.status
+    claim = {"claimed_status": claimed, "used": p.claims_apply}
     return Evaluated(JOINT, plan.objective, [], plan.training, plan, claim)
 
 

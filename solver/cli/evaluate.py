@@ -65,10 +65,16 @@ def print_joint_evaluation(record: Evaluated, as_json: bool) -> None:
     con.print(f"[bold]evaluation[/bold] of a joint {'training ' if training else ''}plan")
     print_joint_plan(plan, con)
     priced = "for training (F, B, sync, memory, T) " if training else ""
+    source = (
+        f"the bound and the status ({esc(claimed)}) are the file's, checked against the "
+        "objective"
+        if record.claim["used"] or record.violations
+        else f"the file's bound and status ({esc(claimed)}) cover a lower memory limit than "
+        "--memory: the universal bound stands"
+    )
     con.print(
         f"every stage re-priced {priced}from the model and the cluster: the file's numbers "
-        f"match; the bound and the status ({esc(claimed)}) are the file's, checked against "
-        "the objective"
+        f"match; {source}"
     )
     for v in record.violations:
         con.print(f"[red]invalid:[/red] {esc(v)}")

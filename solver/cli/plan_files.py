@@ -28,6 +28,7 @@ from solver.core.cluster import Cluster, cluster_from_dict, load_cluster
 from solver.core.errors import MtppError
 from solver.core.files import parse_json, read_text, read_yaml, shown
 from solver.core.graph import Graph
+from solver.core.result import FEASIBLE, OPTIMAL
 from solver.core.units import format_bytes, format_rate, format_time
 from solver.frontends import is_onnx_file
 from solver.frontends.sharding_points import parse_sharding
@@ -281,6 +282,7 @@ class JointInputs:
 
     plan: JointPlan
     model: ShardModel
+    claims_apply: bool = True  # False: --memory raised the limit, the file's bound was dropped
 
 
 def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
@@ -299,10 +301,38 @@ def load_joint(args: argparse.Namespace, plan_file: PlanFile) -> JointInputs:
     sm = load_model(args.graph, parse_dims(args))
     check_stages(plan, sm)  # names the operator or device at fault
     memory = memory_arg(args)
+    raised = memory is not None and limit_raised(plan, memory)
+    if raised:
+        drop_space_claims(plan, memory)
     if memory is not None:
         plan.memory_limit = memory
     check_joint_plan(plan, sm, plan_file.path)
-    return JointInputs(plan, sm)
+    return JointInputs(plan, sm, claims_apply=not raised)
+
+
+def limit_raised(plan: JointPlan, memory: float) -> bool:
+    """Whether ``memory`` per device is above the limit the plan was solved under (its
+    ``memory_limit``, else the least capacity of the cluster's devices): then more plans fit
+    than the file's bound and status spoke of."""
+    if plan.memory_limit is not None:
+        return memory > plan.memory_limit
+    capacity = plan.cluster.device_arrays()[1]
+    return bool(memory > capacity.min())
+
+
+def drop_space_claims(plan: JointPlan, memory: float) -> None:
+    """The file's bound and status cover a smaller space than ``memory`` allows: the plan keeps
+    only the universal bound (valid for every joint plan, with or without memory), and an
+    OPTIMAL claim becomes FEASIBLE."""
+    old = "no limit" if plan.memory_limit is None else format_bytes(plan.memory_limit)
+    plan.lower_bound = plan.universal_bound
+    plan.bound_space = (
+        f"every joint plan (the universal bound: the plan file's bound covered its space under "
+        f"the memory limit it was solved with, {old} per device, below --memory "
+        f"{format_bytes(memory)})"
+    )
+    if plan.status == OPTIMAL:
+        plan.status = FEASIBLE
 
 
 # ---------------------------------------------------------------------- the one loader
@@ -320,8 +350,11 @@ def load_plan(args: argparse.Namespace, plan: PlanFile) -> LoadedPlan:
     """The plan of a command's plan file, as :mod:`solver.backends.dispatch` takes it, by the
     kind read from the file's content."""
     if plan.kind == JOINT:
+        claimed = plan.data.get("status")  # before --memory may drop the file's claims
         joint = load_joint(args, plan)
-        return JointPlanFiles(joint.plan, joint.model, args.graph, plan.path)
+        return JointPlanFiles(
+            joint.plan, joint.model, args.graph, plan.path, claimed, joint.claims_apply
+        )
     training = read_plan_training(plan.data, plan.path) if plan.kind == PIPELINE else None
     if training is not None:  # the ONNX graph with its backward costs (frontends.onnx)
         args.training_costs = True

@@ -190,3 +190,26 @@ def test_a_tighter_memory_limit_is_refused_naming_the_stage(solved, capsys):
     code, _, err = run(capsys, "evaluate", model, plan, "--memory", f"{math.floor(most) - 1}B")
     assert code == 2 and err.count("\n") == 1
     assert "bytes per device >" in err and err.startswith(f"mtpp: error: {plan}: stage ")
+
+
+def test_a_higher_memory_limit_keeps_only_the_universal_bound(solved, tmp_path, capsys):
+    """A plan solved under a limit L (here the file states L = 2 x its largest stage memory):
+    --memory below L keeps the file's bound and status; above L more plans fit, so only the
+    universal bound stands."""
+    model, _, data = solved["gpipe"]
+    most = max(r["memory_bytes"] for r in data["training"]["stages"])
+    limited = json.loads(json.dumps(data))
+    limited["memory_limit"] = 2 * most
+    plan = tmp_path / "limited.json"
+    plan.write_text(json.dumps(limited))
+    code, stdout, err = run(capsys, "evaluate", model, plan, "--json", "--memory", f"{1.5 * most}B")
+    assert code == 0, err
+    kept = json.loads(stdout)
+    assert kept["lower_bound"] == data["lower_bound"] and kept["status_source"] == "claimed"
+    code, stdout, err = run(capsys, "evaluate", model, plan, "--json", "--memory", f"{4 * most}B")
+    assert code == 0, err
+    dropped = json.loads(stdout)
+    assert dropped["lower_bound"] == data["universal_bound"] != data["lower_bound"]
+    assert dropped["status"] != "OPTIMAL" and dropped["status_source"] == "recomputed"
+    assert dropped["claimed_status"] == data["status"]
+    assert dropped["bound_space"].startswith("every joint plan (the universal bound")
