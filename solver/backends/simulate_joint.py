@@ -442,19 +442,19 @@ def simulate_training_stages(
     span = makespan if makespan > 0 else 1.0
     stages = tuple(
         JointStageRun(
-            i,
-            devices[i],
-            r.forward,
-            r.backward,
-            r.sync,
-            (s.busy + r.sync) / span,
-            ends[i],
-            ends[i] + r.sync,
-            r.inflight,
-            s.peak_inflight,
-            r.memory,
-            float(s.peak_memory),
-            r.capacity,
+            stage=i,
+            devices=devices[i],
+            forward=r.forward,
+            backward=r.backward,
+            sync=r.sync,
+            busy_fraction=(s.busy + r.sync) / span,
+            pipeline_end=ends[i],
+            sync_end=ends[i] + r.sync,
+            inflight_model=r.inflight,
+            inflight_simulated=s.peak_inflight,
+            memory_model=r.memory,
+            memory_simulated=float(s.peak_memory),
+            capacity=r.capacity,
         )
         for i, (r, s) in enumerate(zip(rows, run.stages, strict=True))
     )
