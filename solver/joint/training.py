@@ -53,6 +53,7 @@ from solver.joint.plan import (
 from solver.joint.planner import JointSearch, describe_space
 from solver.joint.segment import Segment, make_segment, tensor_bytes
 from solver.joint.submesh import SPACES, stage_limit, sub_cluster
+from solver.joint.training_bound import STAGE_SUM, StageSumPricer
 from solver.spmd.mesh import mesh_on
 from solver.spmd.model import ShardModel, load_model
 from solver.spmd.patterns import data_parallel_plan, megatron_plan
@@ -68,6 +69,7 @@ EVERY_COMBINATION_UP_TO = 256
 # a big pair's upper plans (Megatron's plan runs propagation for the operators it does not
 # place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
 HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
+BOUND_SHARE = 0.3  # of the time limit: the stage-sum bound's interval solves take at most this
 PRICING_SHARE = 0.75  # of the time left: the upper programme prices big pairs until then
 UPPER_SHARE = 0.85  # of the time left: the upper programme stops then (the first plan stands)
 _clock = time.perf_counter  # the deadline's clock (tests may replace it)
@@ -116,7 +118,7 @@ class _Label:
 def segment_flow(whole: GradientFlow, seg: Segment) -> GradientFlow:
     """The gradient flow of a segment as part of the whole model: its inputs computed from
     weights carry gradients (the sub-model alone would take them for model inputs)."""
-    return GradientFlow(whole.trainable, whole.needs_grad, whole.has_backward[seg.start : seg.end])
+    return whole.part(seg.start, seg.end)
 
 
 def training_planner(seg: Segment, cluster: Cluster, devices, shape, state: float, flow):
@@ -132,17 +134,8 @@ def forward_planner(planner: Planner) -> Planner:
     """The inference planner of the same segment and mesh (the forward's activation peak),
     sharing the caches that do not depend on training."""
     fwd = Planner(planner.sm, planner.mesh, planner.cluster)
-    share_caches(planner, fwd)
+    fwd.share_caches(planner)
     return fwd
-
-
-def share_caches(source: Planner, target: Planner) -> None:
-    """Let ``target`` use ``source``'s shardings, candidates and compute times: they are keyed
-    by operator signature and strategy, equal on the same mesh (a speed-up only: skipped if
-    the caches are renamed)."""
-    for cache in ("_cache", "_cands", "_time"):
-        if isinstance(getattr(source, cache, None), dict) and hasattr(target, cache):
-            setattr(target, cache, getattr(source, cache))
 
 
 def price_option(planner: Planner, strategies: dict[str, Strategy], fwd: Planner | None = None):
@@ -226,11 +219,14 @@ def every_combination(planner: Planner) -> list[StageOption]:
     )
 
 
-def heuristic_options(planner: Planner, devices: int) -> list[StageOption]:
-    """The plans of data parallel, Megatron and propagation (one on one device), priced."""
+def heuristic_options(planner: Planner, devices: int, extra=()) -> list[StageOption]:
+    """The plans of data parallel and Megatron (one on one device) and the ``extra`` plans
+    (strategy dicts: the stage-sum bound's interval optima put together), priced."""
     fwd = forward_planner(planner)
     names = list(HEURISTICS) if devices > 1 else list(HEURISTICS)[:1]
-    return _pareto([price_option(planner, HEURISTICS[n](planner, {}), fwd) for n in names])
+    plans = [HEURISTICS[n](planner, {}) for n in names]
+    plans += [p for p in extra if p not in plans]
+    return _pareto([price_option(planner, p, fwd) for p in plans])
 
 
 @dataclass(frozen=True)
@@ -375,6 +371,8 @@ class TrainingSearch:
         self.pricing_deadline = math.inf  # then big pairs not priced yet are left out (upper)
         self.stats: dict = {}
         self._fitting: dict[tuple, list[StageOption]] = {}
+        # (start cut, end cut, sub-mesh) -> plans of the segment from its intervals' optima
+        self.interval_plans = lambda ia, ib, m: ()
         # the operators before a cut: their least time and device-seconds (prefix sums)
         work = self.work = training_work(search.sm, search.cluster)
         self.prefix_least = np.concatenate([[0.0], np.cumsum(work.least)])
@@ -418,8 +416,12 @@ class TrainingSearch:
             planner = training_planner(
                 seg, s.cluster, mesh.devices, mesh.mesh.shape, state, self.flow
             )
-            share_caches(self.planners[s.mesh_key(m)], planner)
-            got = every_combination(planner) if small else heuristic_options(planner, mesh.size)
+            planner.share_caches(self.planners[s.mesh_key(m)])
+            got = (
+                every_combination(planner)
+                if small
+                else heuristic_options(planner, mesh.size, self.interval_plans(ia, ib, m))
+            )
             self.cache[key] = got
             s.note_pricing(len(self.cache))
         return got
@@ -612,6 +614,11 @@ def plan_joint_training(
     search = JointSearch(sm, cluster, memory, space, deadline, progress, 0)
     search.cuts = thinned(search.cuts, cut_stride)
     ts = TrainingSearch(search, spec)
+    if progress is not None:
+        progress.note("stage-sum bound: exact sharding of each cut interval")
+    stage_sum = StageSumPricer(ts)
+    stage_sum.price_all(_clock() + BOUND_SHARE * (deadline - _clock()), _clock)
+    ts.interval_plans = stage_sum.segment_plans
     ts.pricing_deadline = _clock() + PRICING_SHARE * (deadline - _clock())
     upper_deadline = _clock() + UPPER_SHARE * (deadline - _clock())
     incumbent = _upper_plan(ts, _first_plan(ts, progress), progress, upper_deadline)
@@ -620,7 +627,13 @@ def plan_joint_training(
     T = incumbent.training.iteration_time
     universal = min(T, universal_training_bound(sm, cluster, spec.time_weights, ts.work))
     lower, stats = _lower_bound(ts, T, deadline, progress)
-    plan = _finish(ts, incumbent, max(lower, universal), stats, model, t0, cut_stride)
+    bounds = {
+        "universal training bound": universal,
+        "lower programme": lower,
+        STAGE_SUM: stage_sum.bound(T).value,
+    }
+    stats.update(bounds=bounds, bound=max(bounds, key=bounds.get), stage_sum=stage_sum.stats)
+    plan = _finish(ts, incumbent, list(bounds.values()), stats, model, t0, cut_stride)
     plan.universal_bound = universal
     return plan
 
@@ -761,11 +774,13 @@ def _no_plan(space: str, ts: TrainingSearch, memory) -> MtppError:
     )
 
 
-def _finish(ts: TrainingSearch, inc: _Incumbent, lower, stats, model, t0, stride) -> JointPlan:
+def _finish(
+    ts: TrainingSearch, inc: _Incumbent, bounds: list[float], stats, model, t0, stride
+) -> JointPlan:
     s = ts.search
     stages, training = inc.stages, inc.training
     T = training.iteration_time
-    verdict = certify("joint training", T, [lower], proven=True)
+    verdict = certify("joint training", T, bounds, proven=True)
     stats.update(cut_points=len(s.cuts), sub_meshes=len(s.meshes), segments=len(s.segments))
     kept = "" if stride == 1 else f" (only one in every {stride} such positions)"
     space = (

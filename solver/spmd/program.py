@@ -91,6 +91,12 @@ class Planner:
                     self.in_edges[v].append((u, pos, k))
                     self.out_edges[u].append((v, pos, k))
 
+    def share_caches(self, source: Planner) -> None:
+        """Use ``source``'s shardings, candidates and compute times: they are keyed by
+        operator signature and strategy, so they are equal for any model on the same mesh and
+        cluster (a segment of a model, the same model priced for inference or training)."""
+        self._cache, self._cands, self._time = source._cache, source._cands, source._time
+
     @property
     def replicated_ops(self) -> list[str]:
         """Operator types with no sharding rule (they run replicated)."""
@@ -205,7 +211,8 @@ class Planner:
 
     def weight_syncs(self, i: int, sh: OpSharding) -> dict[int, WeightSync]:
         """Data input k -> the gradient synchronisation of that trainable weight under ``sh``
-        (only weights whose gradient holds partial sums)."""
+        (only weights whose gradient holds partial sums; its time scaled by the training
+        spec's ``sync_weight``)."""
         key = (i, sh.strategy)
         if key not in self._syncs:
             out = {}
@@ -215,7 +222,8 @@ class Planner:
                 grad = gradient_layout(sh, k)
                 if grad.partial:
                     r = self.redistribution(grad, without_partial(grad), t)
-                    out[k] = WeightSync(t, group_size(grad), r.time, r.bytes_per_device)
+                    time = r.time * self.training.sync_weight
+                    out[k] = WeightSync(t, group_size(grad), time, r.bytes_per_device)
             self._syncs[key] = out
         return self._syncs[key]
 

@@ -47,14 +47,22 @@ WEIGHT_AND_GRADIENT = 2.0  # bytes of weight and gradient per byte of weights (n
 @dataclass(frozen=True)
 class TrainingSpec:
     """``optimizer_state``: bytes of training state per byte of weights (weights, gradients
-    and optimizer state; 4 = fp32 Adam, as the pipeline side's ``--optimizer-state``)."""
+    and optimizer state; 4 = fp32 Adam, as the pipeline side's ``--optimizer-state``).
+    ``sync_weight``: how many times the gradient synchronisation counts in the objective (its
+    time in the program is scaled by it; 1 = one step of ``mtpp shard --training``; the joint
+    training planner's stage-sum bound solves with the weight a pipeline stage's sync has in
+    its iteration time, docs/training.md)."""
 
     optimizer_state: float = 4.0
+    sync_weight: float = 1.0
 
     def __post_init__(self) -> None:
         s = self.optimizer_state
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
             raise MtppError(f"the optimizer state factor must be a number > 0, got {s!r}")
+        w = self.sync_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise MtppError(f"the gradient sync weight must be a number >= 0, got {w!r}")
 
     @property
     def sharded_share(self) -> float:
@@ -76,6 +84,11 @@ class GradientFlow:
     needs_grad: frozenset[str]
     has_backward: tuple[bool, ...]  # per operator: a data input needs a gradient, and an
     # output is floating point (the gradient flows through it)
+
+    def part(self, start: int, end: int) -> GradientFlow:
+        """The flow of operators start..end-1 as part of the whole model: the tensors they
+        receive that were computed from weights still carry gradients."""
+        return GradientFlow(self.trainable, self.needs_grad, self.has_backward[start:end])
 
 
 def gradient_flow(sm: ShardModel) -> GradientFlow:
