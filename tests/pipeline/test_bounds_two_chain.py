@@ -116,9 +116,10 @@ def _bound(g: Graph, c: Cluster, k: int, target: float | None = None) -> TwoChai
     return TwoChainBound(0.0, None) if split is None else two_chain_bound(split, c, k, 5.0, target)
 
 
-def _plan(g: Graph, c: Cluster, k: int) -> TwoChainPlan | None:
+def _plan(g: Graph, c: Cluster, k: int, lower: float = 0.0) -> TwoChainPlan | None:
+    """The two-chain plan of ``g`` above a proven bound ``lower`` (None: not two chains)."""
     split = two_chain_case(g, c, k)
-    return None if split is None else two_chain_plan(g, split, c, k, 5.0)
+    return None if split is None else two_chain_plan(g, split, c, k, 5.0, (lower, math.inf))
 
 
 def _check_bound_and_plan(g: Graph, c: Cluster) -> None:
@@ -128,7 +129,7 @@ def _check_bound_and_plan(g: Graph, c: Cluster) -> None:
     if truth is None:
         return
     assert bound.value <= truth.objective * (1 + TOL) + TOL
-    plan = _plan(g, c, k)
+    plan = _plan(g, c, k, lower=bound.value)  # the first probe just above the bound
     if plan is not None:
         assert validate(g, c, plan.assignment, k) == []
         assert evaluate(g, c, plan.assignment, k).objective == pytest.approx(plan.value)
@@ -284,3 +285,16 @@ def test_the_split_is_computed_once_per_solve(monkeypatch):
     rep2, inc = with_two_chain(g, c, 3, rep, Incumbent(18.0, np.zeros(g.n, np.int64), 0.5), 10.0)
     assert rep2.binding == "two chain" and inc.objective == pytest.approx(12.0)
     assert calls == [g.n]
+
+
+def test_the_plan_probes_just_above_the_bound_first(monkeypatch):
+    # no descent from the plan's cost: the one probe at PLAN_FIRST_GAP above a bound a hair
+    # below the optimum 12 finds it
+    monkeypatch.setattr(two_chain_module, "_descend", lambda *args: 0.0)
+    g, c = _credited_encoder_decoder()
+    split = two_chain_case(g, c, 3)
+    plan = two_chain_plan(g, split, c, 3, 5.0, (12.0 * (1 - 1e-3), 18.0))
+    assert plan is not None and plan.value == pytest.approx(12.0)
+    assert evaluate(g, c, plan.assignment, 3).objective == pytest.approx(12.0)
+    # a bound too far below: the probe finds nothing, and without the descent neither does the plan
+    assert two_chain_plan(g, split, c, 3, 5.0, (10.0, 18.0)) is None

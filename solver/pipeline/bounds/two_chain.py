@@ -58,6 +58,9 @@ from solver.pipeline.dp.two_chain import (
 )
 
 NEAR_STEPS = 2  # probes just below a feasible chain's bottleneck in a row before a midpoint
+PLAN_FIRST_GAP = 0.005  # the plan's first probe: this far above the proven bound (a plan found
+# there is within it of the optimum; probing down from a loose plan's cost takes a probe per
+# small step, and one probe of a 1,200-node encoder-decoder takes seconds)
 MIN_SIDE_SHARE = 0.01  # the side branch's least share of the work (else: not two chains)
 TWO_CHAIN_BUDGETS = (0.1, 0.2, 0.3)  # the work removed from B (share of the total), tried
 # in this order while time is left: the least removed first (the tightest relaxation; when B
@@ -340,8 +343,9 @@ def _least_feasible(
     between: tuple[float, float],
     deadline: float,
 ) -> TwoChainPlan | None:
-    """:func:`_descend` on the pinned graph (``to_pinned``: each original node's pinned node)
-    between a proven bound and a known plan's cost (``between``), each chain found priced on
+    """A probe of the pinned graph (``to_pinned``: each original node's pinned node) at
+    PLAN_FIRST_GAP above a proven bound, then :func:`_descend` between what it showed and a
+    known plan's cost (``between``: the bound and the cost), each chain found priced on
     ``g``; the best one below that cost."""
     srt = sorted_partial(tc)
     lower, upper = between
@@ -355,5 +359,14 @@ def _least_feasible(
         if value < (best[-1].value if best else upper):
             best.append(TwoChainPlan(value, a))
 
-    _descend(tc, srt, k, (lower, upper if math.isfinite(upper) else _top(tc)), deadline, seen)
+    top = upper if math.isfinite(upper) else _top(tc)
+    first = lower * (1 + PLAN_FIRST_GAP)
+    if 0 < first < top and time.perf_counter() < deadline:
+        chain = fewest_blocks(tc, srt, first, k)
+        if chain is None:
+            lower = first  # no plan of the pinned graph there: the search starts above it
+        else:
+            seen(chain)
+            top = min(first, chain_bottleneck(tc, chain))
+    _descend(tc, srt, k, (lower, top), deadline, seen)
     return best[-1] if best else None
