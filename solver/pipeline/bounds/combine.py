@@ -18,6 +18,7 @@ from solver.pipeline.bounds.forced_io import forced_io
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
+from solver.pipeline.bounds.pair_block import pair_block_bound
 from solver.pipeline.bounds.spine import removed_scopes, spine_bound
 from solver.pipeline.bounds.weights import capacity_infeasible, weights_bound
 from solver.pipeline.dp.chain_ideals import ideal_chain
@@ -29,6 +30,8 @@ IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with 
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
 NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
 NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
+PAIR_BLOCK_SHARE = 0.3  # the pair-block search's share of the time limit ...
+PAIR_BLOCK_MIN_SECONDS = 1.0  # ... and its least time (a cut per node, then cached pair cuts)
 DECISION_IO_SHARE = 0.3  # the decision bound with forced io: its share of the time limit ...
 DECISION_IO_MIN_SECONDS = 0.5  # ... and its least time (the hulls, then instant volume probes;
 # the hulls of a 10,000-node layered DAG take 2 s at load 12, 0.5 s for 3,000 nodes)
@@ -132,6 +135,7 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
     "work io chain",
     "node block",
     "ideals",
+    "pair block",
     "decision io",
     "spine chain io",
     "spine work io chain",
@@ -181,6 +185,7 @@ def certified_lower_bound(
         lambda: first and _ideals(run, g, cluster, k, IDEALS_SHARE * time_limit, small=True),
         lambda: not early_io and _io_chains(run, g, it, cluster, k),
         lambda: not early_io and _node_block(run, g, cluster),
+        lambda: _pair_block(run, g, cluster, k),
         lambda: _decision_io(run, g, it, cluster, k),
         lambda: _spine(run, g, cluster, k),
         lambda: _packings(run, it, cluster, k),
@@ -254,6 +259,23 @@ def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
         run.packing("node block", res.value)
     else:
         run.vals["node block"] = res.value
+
+
+def _pair_block(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
+    """k + 1 nodes no two of which fit in one block (docs/bounds.md, "pair block"): with an
+    incumbent searched above the best bound so far and first just below the incumbent (a
+    value that proves nothing more is listed in ``skipped``); without one, on its own."""
+    if not cluster.homogeneous:
+        run.skipped["pair block"] = "devices or links differ (see the topology bound)"
+        return
+    fast = run.target is not None
+    seconds = max(min(run.left() / 2, PAIR_BLOCK_SHARE * run.time_limit), PAIR_BLOCK_MIN_SECONDS)
+    floor = run.best if fast else 0.0
+    res = pair_block_bound(g, cluster, k, seconds, floor, run.target)
+    if fast:
+        run.packing("pair block", res.value)
+    else:
+        run.vals["pair block"] = res.value
 
 
 def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
