@@ -63,6 +63,7 @@ class PairCosts:
     near: np.ndarray  # near[v]: the cheapest set around v found by its cut (filled later)
     lower: np.ndarray  # lower[u, v]: hull_costs, NaN until computed
     upper: np.ndarray  # upper[u, v]: joint_set_costs, NaN until computed
+    known: np.ndarray  # known[u, v]: the pair's cut once computed, -inf before
     t_members: np.ndarray  # the members (producer, consumers) of each exchanged tensor ...
     t_ptr: np.ndarray  # ... where each tensor's members start
     t_count: np.ndarray  # ... how many there are
@@ -105,6 +106,15 @@ class PairCosts:
             self.upper[fresh, v] = self.joint_set_costs(v, fresh)
         return self.lower[members, v], self.upper[members, v]
 
+    def inherited(self, v: int, members: np.ndarray) -> np.ndarray:
+        """For each member u, the largest pair cost already cut of u or v with a node w on
+        an order path between them (-inf: none): a block holding u and v holds w, so it
+        pays p(u, w) and p(w, v) too."""
+        hull = (self.desc[members] & self.anc[v]) | (self.anc[members] & self.desc[v])
+        via_u = np.where(hull, self.known[members], -np.inf).max(axis=1)
+        via_v = np.where(hull, self.known[v][None, :], -np.inf).max(axis=1)
+        return np.maximum(via_u, via_v)
+
     def cut(self, u: int, v: int) -> float:
         """The cheapest node set holding u and v (work + io) plus the larger own overflow."""
         key = (min(u, v), max(u, v))
@@ -118,11 +128,13 @@ class PairCosts:
             for a in arcs:
                 net.set_arc_capacity(a, 0)
             self.cache[key] = value + max(self.over[u], self.over[v])
+            self.known[u, v] = self.known[v, u] = self.cache[key]
         return self.cache[key]
 
     def pair_cost(self, u: int, v: int) -> float:
         """p(u, v): a lower bound of f(S) for every block S holding u and v."""
-        return max(float(self.hull_costs(v, np.array([u]))[0]), self.cut(u, v))
+        lower = max(self.hull_costs(v, np.array([u]))[0], self.inherited(v, np.array([u]))[0])
+        return max(float(lower), self.cut(u, v))
 
     def _pin(self, x: int) -> int:
         if x not in self.pins:
@@ -190,6 +202,7 @@ def pair_costs(cg: Graph, cluster: Cluster) -> PairCosts:
         np.zeros((n, n), dtype=bool),
         np.full((n, n), np.nan),
         np.full((n, n), np.nan),
+        np.full((n, n), -np.inf),
         *tensors,
         cn.net.num_nodes(),
         {},
@@ -240,6 +253,7 @@ def _greedy_clique(costs: PairCosts, order: list[int], T: float, need: int, dead
             lower, upper = costs.bounds(v, members)
             if (upper <= T).any():
                 continue  # a set holding v and a member costs at most T
+            lower = np.maximum(lower, costs.inherited(v, members))
             undecided = members[lower <= T]
             # the nearest in topological order first: the likeliest to share a block with v
             undecided = undecided[np.argsort(np.abs(costs.rank[undecided] - costs.rank[v]))]
@@ -251,12 +265,12 @@ def _greedy_clique(costs: PairCosts, order: list[int], T: float, need: int, dead
 
 def _least_pair_cost(costs: PairCosts, clique: list[int], T: float) -> float:
     """A lower bound of min over pairs of the set of p(u, v) (> T: the set was taken at T),
-    the T below which no two share a block: a pair the hull decided (hull > T) counts its
-    hull, the others the larger of the hull and their cut (computed by the search)."""
+    the T below which no two share a block: a pair its hull decided (its hull's lower bounds
+    > T) counts them, the others the larger of those and their cut (computed by the search)."""
     members = np.array(clique, dtype=np.int64)
     least = np.inf
     for i, v in enumerate(clique[1:], start=1):
-        hull = costs.hull_costs(v, members[:i])
+        hull = np.maximum(costs.hull_costs(v, members[:i]), costs.inherited(v, members[:i]))
         for j, u in enumerate(clique[:i]):
             h = float(hull[j])
             least = min(least, h if h > T else max(h, costs.cut(u, v)))
