@@ -44,6 +44,10 @@ LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for i
 WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
 # the words of solver.pipeline.exact.cpsat.STOPPED_WARM (that module loads OR-Tools' CP-SAT)
 WARM_START_MET = "the warm start met the certified bound: no search"
+# the chain DP's tie-break at a met warm start gets as long as the bounds and warm start took,
+# at least this (CP-SAT's tie-break, loaded and built, would take about as long); past it,
+# CP-SAT's tie-break runs as before
+MET_DP_MIN_SECONDS = 0.5
 
 
 def _members(labels: np.ndarray, L: int) -> np.ndarray:
@@ -279,7 +283,8 @@ def run_cpsat(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan | None:
     # proves its plan optimal, no search can improve it
     deadline = t0 + WARM_START_SHARE * opts.time_limit
     dp = chain_warm_start(g, cluster, deadline)
-    met = None if skips_search(dp) else met_incumbent_chain(g, cluster, opts, deadline)
+    tie_deadline = min(deadline, t0 + max(MET_DP_MIN_SECONDS, opts.spent_before))
+    met = None if skips_search(dp) else met_incumbent_chain(g, cluster, opts, tie_deadline)
     if skips_search(met or dp):
         tie = bool(opts.extra.get("tie_break", True))
         plan = proven_plan(g, cluster, met or dp, "cpsat", t0, tie)

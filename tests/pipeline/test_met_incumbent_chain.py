@@ -68,6 +68,8 @@ def test_no_dp_when_the_incumbent_does_not_meet_the_bound_or_the_tie_break_is_of
     budget = met_options(best, tie[3], best, tie_break_seconds=1.0)  # CP-SAT's, as asked
     assert met_incumbent_chain(g, CLUSTER, budget, deadline) is None
     assert met_incumbent_chain(g, CLUSTER, met_options(best, tie[3], best), deadline) is not None
+    past = time.perf_counter() - 1.0  # no time left: CP-SAT's tie-break runs instead
+    assert met_incumbent_chain(g, CLUSTER, met_options(best, tie[3], best), past) is None
     assert met_incumbent_chain(g, CLUSTER, SolveOptions(time_limit=30.0), deadline) is None
 
 
