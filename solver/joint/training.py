@@ -40,7 +40,7 @@ from solver.core.errors import MtppError
 from solver.core.options import check_time_limit, checked_memory
 from solver.core.result import InvalidBoundError, certify
 from solver.core.training import CAPACITY_SLACK, TrainingSpec
-from solver.frontends.onnx.backward import RULES
+from solver.frontends.onnx.backward import RULES, kept_positions
 from solver.joint.bound import training_work, universal_training_bound
 from solver.joint.plan import (
     JointPlan,
@@ -69,7 +69,7 @@ EVERY_COMBINATION_UP_TO = 256
 # a big pair's upper plans (Megatron's plan runs propagation for the operators it does not
 # place; propagation alone costs as much again and, on the Llama shape, gave no better plan)
 HEURISTICS = {"dp": data_parallel_plan, "megatron": megatron_plan}
-BOUND_SHARE = 0.3  # of the time limit: the stage-sum bound's interval solves take at most this
+BOUND_SHARE = 0.4  # of the time limit: the stage-sum bound's interval solves take at most this
 PRICING_SHARE = 0.75  # of the time left: the upper programme prices big pairs until then
 UPPER_SHARE = 0.85  # of the time left: the upper programme stops then (the first plan stands)
 _clock = time.perf_counter  # the deadline's clock (tests may replace it)
@@ -103,13 +103,24 @@ class StageOption:
         )
 
 
+@dataclass(frozen=True)
+class LabelState:
+    """Where a label of the training programme sits: its stage's segment (cut indices), its
+    sub-mesh, and its count key (the stages from it to the end, for 1F1B's in-flight count)."""
+
+    start: int
+    end: int
+    mesh: int
+    count_key: int
+
+
 @dataclass
 class _Label:
     total: float  # sum of the times of the stages after this one
     worst: float  # the largest of them
     sync: float  # the largest synchronisation of this stage and those after it
     partial: float  # this stage's time less what it receives
-    state: tuple[int, int, int, int]  # (cut index of start, of end, sub-mesh, count key)
+    state: LabelState
     option: StageOption
     next: _Label | None
 
@@ -153,17 +164,6 @@ def price_option(planner: Planner, strategies: dict[str, Strategy], fwd: Planner
     return StageOption(names, forward, prog.objective - sync, sync, base, stash)
 
 
-def _kept_positions(op, rule, needs_grad) -> list[int]:
-    """The ONNX input positions whose tensors the backward of ``op`` reads (the table's rule,
-    solver/frontends/onnx/backward.py)."""
-    inputs = list(op.node.input)
-    if rule.per_operand:
-        ops = [j for j in (rule.operands or range(len(inputs))) if j < len(inputs) and inputs[j]]
-        return [j for j in ops if any(inputs[o] in needs_grad for o in ops if o != j)]
-    wanted = range(len(inputs)) if rule.inputs is None else rule.inputs
-    return [j for j in wanted if j < len(inputs) and inputs[j]]
-
-
 def stash_bytes(planner: Planner, shardings) -> float:
     """Bytes per device one microbatch keeps for the backward: the tensors the backward table
     keeps (activations only, each once), in the layout their operator reads or writes them."""
@@ -184,8 +184,11 @@ def stash_per_op(planner: Planner, shardings) -> np.ndarray:
         if rule is None or rule.output:
             items += list(zip(op.outputs, sh.out_layouts, strict=True))
         if rule is not None:
-            for j in _kept_positions(op, rule, flow.needs_grad):
-                t = op.node.input[j]
+            inputs = list(op.node.input)
+            present = [bool(t) for t in inputs]
+            needs = [t in flow.needs_grad for t in inputs]
+            for j in kept_positions(rule, present, needs):
+                t = inputs[j]
                 lay = sh.in_layouts[op.data.index(j)] if j in op.data else None
                 items.append((t, lay))
         for t, lay in items:
@@ -460,21 +463,21 @@ class TrainingSearch:
         s = self.search
         last = len(s.cuts) - 1
         first_key = 0 if self.spec.schedule == "gpipe" else 1
-        labels: dict[tuple, list[_Label]] = {}
+        labels: dict[LabelState, list[_Label]] = {}
         best: list = [cap, None]
         for ia in range(last):
             for m in range(len(s.meshes)):
                 low = self.least_time(ia, last, m, first_key, upper)
-                st = (ia, last, m, first_key)
+                st = LabelState(ia, last, m, first_key)
                 if low is None or self.at_least(st, 0.0, 0.0, low, 0.0) >= best[0]:
                     continue  # no option of this pair fits, or none can beat ``best``
                 for o in self.fitting(ia, last, m, first_key, upper):
-                    lab = _Label(0.0, 0.0, o.sync, o.time, (ia, last, m, first_key), o, None)
+                    lab = _Label(0.0, 0.0, o.sync, o.time, st, o, None)
                     self._add(labels, lab, best)
         for ib in range(last - 1, 0, -1):
             if _clock() > deadline:
                 raise _Expired
-            for state in [st for st in labels if st[0] == ib]:
+            for state in [st for st in labels if st.start == ib]:
                 self._extend(state, labels.pop(state), labels, best, upper)
         return best[0], _path(best[1], s)
 
@@ -484,12 +487,12 @@ class TrainingSearch:
         del upper  # the same bound serves both programmes
         return min((o.time for o in self.fitting(ia, ib, m, qkey, False)), default=None)
 
-    def _extend(self, state, here: list[_Label], labels, best, upper: bool) -> None:
+    def _extend(self, state: LabelState, here: list[_Label], labels, best, upper: bool) -> None:
         """Every stage before ``state``'s, on a sub-mesh earlier in cluster order; a big pair's
         heuristics are priced only when its lower option could beat ``best``."""
         s = self.search
-        ib, ic, m2, qkey = state
-        key = self.next_key(qkey)
+        ib, ic, m2 = state.start, state.end, state.mesh
+        key = self.next_key(state.count_key)
         for ia in range(ib):
             for m in range(len(s.meshes)):
                 if s.meshes[m].end > s.meshes[m2].start:
@@ -500,7 +503,7 @@ class TrainingSearch:
                 x, out_r, in_s = s.io(ia, ib, ic, m, m2, upper)
                 times = [lab.partial + 2 * (x + in_s) for lab in here]
                 least = low + 2 * (x + out_r)
-                st = (ia, ib, m, key)
+                st = LabelState(ia, ib, m, key)
                 if all(
                     self.at_least(st, lab.total + t, max(lab.worst, t), least, lab.sync) >= best[0]
                     for lab, t in zip(here, times, strict=True)
@@ -512,18 +515,18 @@ class TrainingSearch:
                     for o in opts:
                         partial = o.time + 2 * (x + out_r)
                         new = _Label(
-                            total, worst, max(lab.sync, o.sync), partial, (ia, ib, m, key), o, lab
+                            total, worst, max(lab.sync, o.sync), partial, st, o, lab
                         )
                         self._add(labels, new, best)
 
-    def at_least(self, state, total, worst, partial, sync) -> float:
+    def at_least(self, state: LabelState, total, worst, partial, sync) -> float:
         """A lower bound on T of every plan completing a label at ``state``: its stages, and
         the stages before it, which hold the operators before its segment on the devices
         before its sub-mesh (d of them): their times sum to at least the operators' least
         times and their device-seconds over d, and the largest is at least the latter
         (docs/training.md, "The universal training bound"; inf when d = 0 and some are left)."""
         a, b = self.spec.time_weights
-        ia, _, m, _ = state
+        ia, m = state.start, state.mesh
         before = self.search.cuts[ia]
         sum_before = max_before = 0.0
         if before:
@@ -541,7 +544,7 @@ class TrainingSearch:
         value = self.at_least(lab.state, lab.total, lab.worst, lab.partial, lab.sync)
         if value >= best[0]:
             return
-        if lab.state[0] == 0:
+        if lab.state.start == 0:
             best[0], best[1] = value, lab
             return
         here = labels.setdefault(lab.state, [])
@@ -569,7 +572,7 @@ class TrainingSearch:
 def _path(lab: _Label | None, search: JointSearch) -> list[tuple[int, int, int, StageOption]]:
     out = []
     while lab is not None:
-        ia, ib, m, _ = lab.state
+        ia, ib, m = lab.state.start, lab.state.end, lab.state.mesh
         out.append((search.cuts[ia], search.cuts[ib], m, lab.option))
         lab = lab.next
     return out

@@ -3,27 +3,29 @@
 "The stage-sum training bound").
 
 T = a sum_i t_i + b max_i t_i + max_i y_i with the stages on disjoint devices (sum d_i <= k):
-the weights w_i = d_i / k sum to at most 1, so max_i y_i >= sum_i w_i y_i, and for a plan whose
-largest stage time is at least tau,
+the weights w_i = d_i / k sum to at most 1, so max_i y_i >= sum_i w_i y_i and max_i t_i >=
+sum_i w_i t_i. For a plan whose largest stage time is at least lo and any theta in [0, 1],
+b max t >= theta b lo + (1 - theta) b sum_i w_i t_i, hence
 
-    T >= b tau + sum_i a (t_i + mu_i y_i),    mu_i = w_i / a,
+    T >= theta b lo + sum_i (a + (1 - theta) b w_i) (t_i + mu_i y_i),   mu_i = w_i / (a + b w_i)
 
-a sum of per-stage terms. A stage's t_i is at least its program time (the transfers only
-add), and its program time + mu y_i at least the sum over the stage's cut intervals of the
-least (program time + mu sync) of each interval alone on the stage's sub-mesh, its outputs not
-reduced (the redistributions between intervals, the reductions of the stage's outputs and
-their transposes are never negative): the exact sharding solver's proven bound on the interval
-with ``sync_weight = mu`` and no memory limit (memory is dropped: a relaxation). Two solves per
-(interval signature, sub-mesh kind), mu = 0 (a lower bound on the stage's t_i alone) and mu =
-d / (k a); identical layers are solved once.
+(the weight of y_i is w_i >= (a + (1 - theta) b w_i) mu_i), a sum of per-stage terms. A stage's
+t_i is at least its program time (the transfers only add), and its program time + mu y_i at
+least the sum over the stage's cut intervals of the least (program time + mu sync) of each
+interval alone on the stage's sub-mesh, its outputs not reduced (the redistributions between
+intervals, the reductions of the stage's outputs and their transposes are never negative):
+the exact sharding solver's proven bound on the interval with ``sync_weight = mu`` and no
+memory limit (memory is dropped: a relaxation). Two solves per (interval signature, sub-mesh
+kind): mu = 0 (a lower bound on the stage's t_i alone) and mu = w / (a + b w); identical layers
+are solved once.
 
 The largest stage time is bracketed: every plan whose largest t lies in [lo, hi) has only
-stages whose mu = 0 bound is below hi, so its T is at least b lo + a shortest path over (cut
-point, next free device in cluster order) through such stages. A branch and bound over the
-brackets (the lowest split in halves until it is ``STEP`` narrow) gives the least of these over
-every plan: a plan's largest t is at least its largest interval's least time, and above the
-incumbent's T / b no plan beats it. A pair whose memory floor (``WholePrices``) exceeds its
-limit at the least in-flight count is left out.
+stages whose mu = 0 bound is below hi, so its T is at least the largest over theta of theta b
+lo + a shortest path over (cut point, next free device in cluster order) through such stages.
+A branch and bound over the brackets (the lowest split in halves until it is ``STEP`` narrow)
+gives the least of these over every plan: a plan's largest t is at least its largest
+interval's least time, and above the incumbent's T / b no plan beats it. A pair whose memory
+floor (``WholePrices``) exceeds its limit at the least in-flight count is left out.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ STAGE_SUM = "stage-sum training bound"
 SOLVE_MAX_SECONDS = 60.0  # at most this long for one interval's exact sharding solve
 SOLVE_MIN_SECONDS = 1.0
 STEP = 1e-4  # the branch and bound over the largest stage time stops at brackets this narrow
+THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the mixes of the largest stage time's two bounds
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class StageSumBound:
 @dataclass(frozen=True)
 class StageArrays:
     """Per sub-mesh, indexed [start cut, end cut]: a lower bound on the stage's time alone
-    (``time``, inf where its memory floor does not fit) and on a (t + mu y) (``term``)."""
+    (``time``, inf where its memory floor does not fit) and on t + mu y (``term``)."""
 
     time: list[np.ndarray]
     term: list[np.ndarray]
@@ -110,10 +113,14 @@ class StageSumPricer:
         self.bounds: dict[tuple, IntervalBound] = {}
         self.stats: dict = {"interval_solves": 0, "sources": {}}
 
+    def share(self, m: int) -> float:
+        """w = the devices of sub-mesh m over all of them."""
+        return self.search.meshes[m].size / self.k
+
     def mu(self, m: int) -> float:
-        """The sync weight of a stage on sub-mesh m: w / a, w = its devices / k."""
-        a, _ = self.ts.spec.time_weights
-        return self.search.meshes[m].size / (self.k * a)
+        """The sync weight of a stage on sub-mesh m: w / (a + b w)."""
+        a, b = self.ts.spec.time_weights
+        return self.share(m) / (a + b * self.share(m))
 
     def interval_key(self, j: int, m: int, weighted: bool) -> tuple:
         s = self.search
@@ -136,21 +143,32 @@ class StageSumPricer:
         return planner
 
     def price_all(self, deadline: float, clock=time.perf_counter) -> None:
-        """Every (interval, sub-mesh kind, sync weight) bound, the smallest meshes first, each
-        solve with a fair share of the time left until ``deadline``."""
+        """Every (interval, sub-mesh kind, sync weight) bound, the smallest meshes and
+        intervals first (the slowest solves last, with the time the others left), each solve
+        with a fair share of the time left until ``deadline``."""
         s = self.search
-        todo: dict[tuple, tuple[int, int, float]] = {}
-        for m in sorted(range(len(s.meshes)), key=lambda m: s.meshes[m].size):
+        todo: dict[tuple, tuple[int, int, bool]] = {}
+        for m in range(len(s.meshes)):
             for j in range(len(s.cuts) - 1):
                 for weighted in (False, True):
-                    mu = self.mu(m) if weighted else 0.0
-                    todo.setdefault(self.interval_key(j, m, weighted), (j, m, mu))
-        for n, (key, (j, m, mu)) in enumerate(todo.items()):
-            seconds = min(SOLVE_MAX_SECONDS, (deadline - clock()) / (len(todo) - n))
-            got = self.bounds[key] = interval_bound(self.planner(j, m, mu), seconds)
+                    todo.setdefault(self.interval_key(j, m, weighted), (j, m, weighted))
+        order = sorted(
+            todo.items(),
+            key=lambda kv: (s.meshes[kv[1][1]].size, s.cuts[kv[1][0] + 1] - s.cuts[kv[1][0]]),
+        )
+        t0 = clock()
+        for n, (key, (j, m, weighted)) in enumerate(order):
+            seconds = min(SOLVE_MAX_SECONDS, (deadline - clock()) / (len(order) - n))
+            got = interval_bound(self.planner(j, m, self.mu(m) if weighted else 0.0), seconds)
+            unweighted = self.bounds.get(self.interval_key(j, m, False))
+            if weighted and unweighted is not None and unweighted.value > got.value:
+                # the least of program + mu sync never falls as mu grows: mu = 0's bound holds
+                got = IntervalBound(unweighted.value, unweighted.source, got.strategies)
+            self.bounds[key] = got
             self.stats["interval_solves"] += got.source != "least own time"
             sources = self.stats["sources"]
             sources[got.source] = sources.get(got.source, 0) + 1
+        self.stats["solve_seconds"] = clock() - t0
 
     def segment_plans(self, ia: int, ib: int, m: int) -> list[dict[str, Strategy]]:
         """Plans of the segment from cut ia to ib on sub-mesh m: its intervals' solver plans
@@ -177,7 +195,6 @@ class StageSumPricer:
         s = self.search
         last = len(s.cuts) - 1
         times, terms = [], []
-        a, _ = self.ts.spec.time_weights
         for m in range(len(s.meshes)):
             pre = {}
             for weighted in (False, True):
@@ -189,7 +206,7 @@ class StageSumPricer:
                     if not self.fits_floor(ia, ib, m):
                         time_m[ia, ib] = math.inf
             times.append(time_m)
-            terms.append(a * (pre[True][None, :] - pre[True][:, None]))
+            terms.append(pre[True][None, :] - pre[True][:, None])
         return StageArrays(times, terms)
 
     def fits_floor(self, ia: int, ib: int, m: int) -> bool:
@@ -203,33 +220,41 @@ class StageSumPricer:
         return low.memory(ts.count(first_key)) <= limit * (1 + CAPACITY_SLACK)
 
     def bound(self, cap: float) -> StageSumBound:
-        """The least over the largest stage time tau of b tau + the shortest path through
-        stages whose time bound is below it (module docstring), capped by ``cap`` (a plan's
-        T): branch and bound over brackets [lo, hi) of tau, each bounded by b lo + the path
-        through stages below hi, the lowest bracket split until it is ``STEP`` narrow."""
+        """The least over the largest stage time tau of the bracket bounds (module docstring),
+        capped by ``cap`` (a plan's T): branch and bound over brackets [lo, hi) of tau, the
+        lowest split in halves until it is ``STEP`` narrow."""
         arr = self.arrays()
         _, b = self.ts.spec.time_weights
-        if b <= 0:
-            return StageSumBound(min(cap, self.shortest_path(arr, math.inf)), self.stats)
         last = len(self.search.cuts) - 1
         lo = max(min(float(t[j, j + 1]) for t in arr.time) for j in range(last))
-        hi = cap / b
+        hi = cap / b if b > 0 else math.inf
         if not lo < hi:
             return StageSumBound(cap, self.stats)
-        heap = [(b * lo + self.shortest_path(arr, hi), lo, hi)]
+        heap = [(self.bracket(arr, lo, hi), lo, hi)]
         paths = 1
         while heap[0][0] < cap and heap[0][2] - heap[0][1] > STEP * heap[0][2]:
             _, lo, hi = heapq.heappop(heap)
             mid = 0.5 * (lo + hi)
             for x, y in ((lo, mid), (mid, hi)):
-                heapq.heappush(heap, (b * x + self.shortest_path(arr, y), x, y))
+                heapq.heappush(heap, (self.bracket(arr, x, y), x, y))
             paths += 2
-        self.stats["shortest_paths"] = paths
+        self.stats["brackets"] = paths
         return StageSumBound(min(cap, heap[0][0]), self.stats)
 
-    def shortest_path(self, arr: StageArrays, top: float) -> float:
-        """The least sum of stage terms over the plans of the space whose stages' time bounds
-        are below ``top``: stages in order, each on a sub-mesh starting at or after the
+    def bracket(self, arr: StageArrays, lo: float, hi: float) -> float:
+        """A lower bound on T of every plan whose largest stage time is in [lo, hi): the
+        largest over theta in ``THETAS`` of theta b lo + the least sum over its stages of
+        (a + (1 - theta) b w) x their term, through stages whose time bound is below hi."""
+        a, b = self.ts.spec.time_weights
+        w = [self.share(m) for m in range(len(self.search.meshes))]
+        return max(
+            theta * b * lo + self.shortest_path(arr, hi, [a + (1 - theta) * b * x for x in w])
+            for theta in THETAS
+        )
+
+    def shortest_path(self, arr: StageArrays, top: float, factors: list[float]) -> float:
+        """The least sum of factor x term over the plans of the space whose stages' time
+        bounds are below ``top``: stages in order, each on a sub-mesh starting at or after the
         previous one's end (best[j, p]: cut intervals < j covered within positions < p)."""
         s = self.search
         last = len(s.cuts) - 1
@@ -240,7 +265,7 @@ class StageSumPricer:
                 ok = arr.time[m][:ib, ib] < top
                 if not ok.any():
                     continue
-                vals = best[:ib, mesh.start][ok] + arr.term[m][:ib, ib][ok]
+                vals = best[:ib, mesh.start][ok] + factors[m] * arr.term[m][:ib, ib][ok]
                 best[ib, mesh.end] = min(best[ib, mesh.end], float(vals.min()))
             best[ib] = np.minimum.accumulate(best[ib])
         return float(best[last, -1])

@@ -91,7 +91,8 @@ def test_the_sync_weight_enters_the_interval_bound_by_hand():
         want = min(p + mu * s for p, s in priced)
         got = pricer.bounds[pricer.interval_key(0, m, weighted)].value
         assert got == pytest.approx(want, rel=1e-6)
-    assert pricer.mu(m) == pytest.approx(2 / 2 / spec.time_weights[0])
+    a, b = spec.time_weights
+    assert pricer.mu(m) == pytest.approx(1 / (a + b))  # w = 2 / 2
 
 
 @pytest.mark.parametrize(

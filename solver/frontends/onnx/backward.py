@@ -363,28 +363,35 @@ def _operands_with_gradient(call: OpCall, rule: BackwardRule, grad: np.ndarray) 
     """1, or for a per-operand rule the number of its operands that need a gradient."""
     if not rule.per_operand:
         return 1
-    return sum(_has_gradient(call.inputs[j], grad) for j in _positions(call, rule.operands))
+    present = [bool(t.tensor) for t in call.inputs]
+    return sum(_has_gradient(call.inputs[j], grad) for j in _positions(present, rule.operands))
 
 
 def _kept(call: OpCall, rule: BackwardRule, grad: np.ndarray) -> list[Operand]:
     """The tensors the backward of ``call`` reads: activations only (``producer`` >= 0)."""
-    if rule.per_operand:  # dB = A^T dY keeps A when B needs a gradient, and the other way
-        ops = _positions(call, rule.operands)
-        kept = [
-            call.inputs[j]
-            for j in ops
-            if any(_has_gradient(call.inputs[o], grad) for o in ops if o != j)
-        ]
-    else:
-        kept = [call.inputs[j] for j in _positions(call, rule.inputs)]
+    present = [bool(t.tensor) for t in call.inputs]
+    needs = [_has_gradient(t, grad) for t in call.inputs]
+    kept = [call.inputs[j] for j in kept_positions(rule, present, needs)]
     kept = [t for t in kept if t.producer >= 0]
     return kept + (list(call.outputs) if rule.output else [])
 
 
-def _positions(call: OpCall, positions: tuple[int, ...] | None) -> list[int]:
+def kept_positions(rule: BackwardRule, present, needs_gradient) -> list[int]:
+    """The input positions whose tensors the backward of a node under ``rule`` reads (the
+    stash rule; the sharding planner's stash uses it too): ``present[j]``, the node has input
+    j; ``needs_gradient[j]``, that input needs a gradient. A per-operand rule keeps an operand
+    when another of its operands needs a gradient (dB = A^T dY keeps A), any other rule its
+    ``inputs``."""
+    if rule.per_operand:
+        ops = _positions(present, rule.operands)
+        return [j for j in ops if any(needs_gradient[o] for o in ops if o != j)]
+    return _positions(present, rule.inputs)
+
+
+def _positions(present, positions: tuple[int, ...] | None) -> list[int]:
     """The given input positions that the node has (None: all of them)."""
-    wanted = range(len(call.inputs)) if positions is None else positions
-    return [j for j in wanted if j < len(call.inputs) and call.inputs[j].tensor]
+    wanted = range(len(present)) if positions is None else positions
+    return [j for j in wanted if j < len(present) and present[j]]
 
 
 def rescaled_backward(table_graph: Graph, timed: Graph) -> Graph:
