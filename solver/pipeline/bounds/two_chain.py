@@ -343,10 +343,11 @@ def _least_feasible(
     between: tuple[float, float],
     deadline: float,
 ) -> TwoChainPlan | None:
-    """A probe of the pinned graph (``to_pinned``: each original node's pinned node) at
-    PLAN_FIRST_GAP above a proven bound, then :func:`_descend` between what it showed and a
-    known plan's cost (``between``: the bound and the cost), each chain found priced on
-    ``g``; the best one below that cost."""
+    """Probes of the pinned graph (``to_pinned``: each original node's pinned node) between a
+    proven bound and a known plan's cost (``between``), each chain found priced on ``g``; the
+    best one below that cost. The first just below the cost (a chain found there often has a
+    much lower bottleneck), the second PLAN_FIRST_GAP above the bound (when the bound is
+    tight, that chain is the answer), then :func:`_descend` between what they showed."""
     srt = sorted_partial(tc)
     lower, upper = between
     best: list[TwoChainPlan] = []
@@ -360,13 +361,14 @@ def _least_feasible(
             best.append(TwoChainPlan(value, a))
 
     top = upper if math.isfinite(upper) else _top(tc)
-    first = lower * (1 + PLAN_FIRST_GAP)
-    if 0 < first < top and time.perf_counter() < deadline:
-        chain = fewest_blocks(tc, srt, first, k)
+    for t in (top / (1 + TARGET_BAND), lower * (1 + PLAN_FIRST_GAP)):
+        if not lower < t < top or time.perf_counter() > deadline:
+            continue
+        chain = fewest_blocks(tc, srt, t, k)
         if chain is None:
-            lower = first  # no plan of the pinned graph there: the search starts above it
+            lower = t  # no plan of the pinned graph there: the search goes on above it
         else:
             seen(chain)
-            top = min(first, chain_bottleneck(tc, chain))
+            top = min(t, chain_bottleneck(tc, chain))
     _descend(tc, srt, k, (lower, top), deadline, seen)
     return best[-1] if best else None
