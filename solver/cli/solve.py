@@ -429,7 +429,11 @@ def print_joint_plan(plan, con=None) -> None:
     con.print(f"[bold]joint plan[/bold]: model {esc(plan.model_name)}, space {esc(plan.space)}")
     print_list_line(con, "cluster " + CONTROL_CHARS.sub("?", plan.cluster.summary()))
     gap = plan.gap
-    status = plan.status + (f" (optimal over {plan.space} space)" if plan.status == OPTIMAL else "")
+    stride = plan.stats.get("cut_stride", 1)  # a joint training plan over every k-th cut point
+    restricted = f", one in every {stride} cut points" if stride != 1 else ""
+    status = plan.status + (
+        f" (optimal over {plan.space} space{restricted})" if plan.status == OPTIMAL else ""
+    )
     con.print(f"status [bold]{status}[/bold]")
     con.print(
         f"objective ({plan.objective_label}) {fmt(plan.objective)} s  lower bound "

@@ -785,6 +785,8 @@ def _finish(
     T = training.iteration_time
     verdict = certify("joint training", T, bounds, proven=True)
     stats.update(cut_points=len(s.cuts), sub_meshes=len(s.meshes), segments=len(s.segments))
+    if stride != 1:
+        stats["cut_stride"] = stride  # the status names the restricted space
     kept = "" if stride == 1 else f" (only one in every {stride} such positions)"
     space = (
         describe_space(s)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from solver.cli.solve import print_joint_plan
 from solver.core.cluster import Cluster
 from solver.core.result import OPTIMAL
 from solver.core.training import TrainingSpec
@@ -131,3 +132,19 @@ def test_the_interval_plans_are_offered_to_the_upper_programme():
     assert plans
     for plan in plans:
         assert list(plan) == [op.name for op in sm.ops]
+
+
+def test_an_optimal_plan_over_every_second_cut_names_the_restricted_space(capsys):
+    """cut_stride 2 keeps every second cut point: the status names that space, not the joint
+    space, and the plan's stats say the stride."""
+    sm = from_proto(chain_model(), {})
+    plan = jt.plan_joint_training(sm, flat_two(), TrainingSpec("1f1b", 4), cut_stride=2)
+    assert plan.status == OPTIMAL
+    assert plan.stats["cut_stride"] == 2
+    print_joint_plan(plan)
+    out = capsys.readouterr().out
+    assert "OPTIMAL (optimal over joint space, one in every 2 cut points)" in out
+    full = jt.plan_joint_training(sm, flat_two(), TrainingSpec("1f1b", 4))
+    assert "cut_stride" not in full.stats
+    print_joint_plan(full)
+    assert "(optimal over joint space)" in capsys.readouterr().out
