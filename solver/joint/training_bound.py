@@ -42,6 +42,7 @@ from solver.joint.segment import Segment
 from solver.joint.submesh import sub_cluster
 from solver.spmd.plan import SearchOptions, compute_bound
 from solver.spmd.program import Planner
+from solver.spmd.solve import exact_search
 from solver.spmd.strategy import Strategy
 from solver.spmd.training import TrainingSpec as ShardTraining
 
@@ -92,9 +93,7 @@ def interval_bound(planner: Planner, seconds: float) -> IntervalBound:
     least = compute_bound(planner, {})
     if seconds < SOLVE_MIN_SECONDS:
         return IntervalBound(least, "least own time")
-    from solver.spmd import search  # heavy: ortools (the exact sharding models)
-
-    res = search.exact_search(planner, {}, None, least, time.perf_counter(), SearchOptions(seconds))
+    res = exact_search(planner, {}, None, least, time.perf_counter(), SearchOptions(seconds))
     plan = tuple(res.strategies[op.name] for op in planner.sm.ops)
     if res.lower_bound is None:
         return IntervalBound(least, "least own time", plan)

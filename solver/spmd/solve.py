@@ -35,7 +35,7 @@ from solver.spmd.plan import (
 from solver.spmd.program import Planner, evaluate
 from solver.spmd.training import TrainingSpec, choose_gradient_sync
 
-__all__ = ["solve_sharding"]
+__all__ = ["exact_search", "solve_sharding"]
 
 
 def solve_sharding(
@@ -85,10 +85,19 @@ def solve_sharding(
     bound = compute_bound(planner, pins)
     if method != "cpsat":
         return _with_gradient_sync(_heuristic_result(planner, method, pins, limit, bound, t0))
+    opts = SearchOptions(time_limit, workers, seed, progress, log, encoding)
+    return _with_gradient_sync(exact_search(planner, pins, limit, bound, t0, opts))
+
+
+def exact_search(
+    planner: Planner, pins: dict, limit: float | None, bound: float, t0: float, opts: SearchOptions
+) -> ShardResult:
+    """The exact search of spmd/search.py on a planner the caller built (the joint training
+    planner's intervals: a segment's gradient flow, a sync weight), without the choice of
+    AllReduce or ZeRO-1 that :func:`solve_sharding` adds."""
     from solver.spmd import search  # heavy: ortools (the exact models)
 
-    opts = SearchOptions(time_limit, workers, seed, progress, log, encoding)
-    return _with_gradient_sync(search.exact_search(planner, pins, limit, bound, t0, opts))
+    return search.exact_search(planner, pins, limit, bound, t0, opts)
 
 
 def _with_gradient_sync(res: ShardResult) -> ShardResult:
