@@ -10,8 +10,10 @@ read: the sharding planner needs their shapes only) at ``--seq`` tokens per micr
 each capacity, runs ``solver.joint.plan_joint_training`` with 1F1B, m microbatches and the
 state factor (8: mixed-precision Adam). ``--cut-stride 2`` keeps every second position where
 the fewest tensors cross, the layer boundaries: the stated space (``bound_space``) says so.
-Prints one Markdown row per capacity (status, T, the bound over the space, the gap, the stages
-as layers x sub-mesh, wall seconds) and the load average; ``--json`` writes every plan.
+Prints one Markdown row per capacity (status, T, the bound over the space with the name of the
+one that binds: the stage-sum training bound, the lower programme or the universal training
+bound, the gap, the stages as layers x sub-mesh, wall seconds) and the load average; ``--json``
+writes every plan (``stats["bounds"]``: the three bounds' values).
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def print_row(r: Row) -> None:
     p = r.plan
     gap = "-" if p.gap is None else f"{100 * p.gap:.2f}%"
     print(
-        f"| {r.memory} | {p.status} | {p.objective:.4f} s | {p.lower_bound:.4f} s | {gap} | "
+        f"| {r.memory} | {p.status} | {p.objective:.4f} s | {p.lower_bound:.4f} s "
+        f"({p.stats.get('bound', '-')}) | {gap} | "
         f"{describe(p)} | {r.wall:.0f} s |",
         flush=True,
     )
