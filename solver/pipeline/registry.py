@@ -57,7 +57,7 @@ from solver.pipeline.training.solve import solve_training
 BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
 SPINE_PLAN_SHARE = 0.1  # of the time limit, at most, for the spine plan (cpsat's incumbent)
-TWO_CHAIN_SHARE = 0.25  # of the time limit, at most, for the two-chain plan and bound ...
+TWO_CHAIN_SHARE = 0.4  # of the time limit, at most, for the two-chain plan and bound ...
 TWO_CHAIN_PLAN_SHARE = 0.4  # ... of which the plan gets this much (the bound the rest)
 # the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
 PROGRESS_METHODS = ("cpsat", "slicegraph")
