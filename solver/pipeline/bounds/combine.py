@@ -15,6 +15,8 @@ from solver.pipeline.bounds.chain_io import chain_io_bound
 from solver.pipeline.bounds.decision import decision_bound, decision_io_bound, work_packing_bound
 from solver.pipeline.bounds.forced_io import MAX_NODES as FORCED_IO_MAX_NODES
 from solver.pipeline.bounds.forced_io import forced_io
+from solver.pipeline.bounds.io_density import MAX_NODES as IO_DENSITY_MAX_NODES
+from solver.pipeline.bounds.io_density import MU_GRID, io_density, io_density_bound
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
@@ -35,6 +37,9 @@ PAIR_BLOCK_MIN_SECONDS = 1.0  # ... and its least time (a cut per node, then cac
 DECISION_IO_SHARE = 0.3  # the decision bound with forced io: its share of the time limit ...
 DECISION_IO_MIN_SECONDS = 0.5  # ... and its least time (the hulls, then instant volume probes;
 # the hulls of a 10,000-node layered DAG take 2 s at load 12, 0.5 s for 3,000 nodes)
+IO_DENSITY_SHARE = 0.2  # the io density's cuts: their share of the time limit ...
+IO_DENSITY_MIN_SECONDS = 0.5  # ... and their least time (14 cuts per node, 400 nodes at most)
+IO_DENSITY_FIRST_WEIGHTS = 2  # the work weights tried first (all of them only if these prove)
 SPINE_SHARE = 0.4  # the spine relaxations' share of the time limit ...
 SPINE_MIN_SECONDS = 1.0  # ... and their least time (a few probes of the io chain program)
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
@@ -137,6 +142,7 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
     "ideals",
     "pair block",
     "decision io",
+    "io density",
     "spine chain io",
     "spine work io chain",
     "weights",
@@ -187,6 +193,7 @@ def certified_lower_bound(
         lambda: not early_io and _node_block(run, g, cluster),
         lambda: _pair_block(run, g, cluster, k),
         lambda: _decision_io(run, g, it, cluster, k),
+        lambda: _io_density(run, g, it, cluster, k),
         lambda: _spine(run, g, cluster, k),
         lambda: _packings(run, it, cluster, k),
         lambda: ideals and not first and _ideals(run, g, cluster, k, run.left()),
@@ -298,6 +305,36 @@ def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None
         run.packing("decision io", value)
     else:
         run.vals["decision io"] = value
+
+
+def _io_density(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
+    """The decision bound with each node's share of its block's io (docs/bounds.md, "io
+    density"): graphs of at most IO_DENSITY_MAX_NODES coarse nodes; searched as the decision
+    io bound."""
+    cg = coarse_view(g)[0]
+    if cg.n > IO_DENSITY_MAX_NODES or not cluster.homogeneous:
+        run.skipped["io density"] = (
+            f"more than {IO_DENSITY_MAX_NODES:,} coarse nodes, or devices or links differ"
+        )
+        return
+    seconds = max(min(run.left() / 2, IO_DENSITY_SHARE * run.time_limit), IO_DENSITY_MIN_SECONDS)
+    end = time.perf_counter() + seconds
+    fast = run.target is not None
+    lo = run.best if fast else run.vals["universal"]
+    hi = run.target if fast else math.inf
+    value = lo
+    # the likeliest weights first: when they prove nothing the rest is not cut (the graphs
+    # whose io is not spread over every block pay 2 n cuts)
+    for mus in (MU_GRID[:IO_DENSITY_FIRST_WEIGHTS], MU_GRID):
+        dens = io_density(cg, cluster, end, mus)
+        left = max(0.0, end - time.perf_counter())
+        value = io_density_bound(it, dens, cluster, k, left, lo, hi)
+        if value <= lo or not dens.complete:
+            break
+    if fast:
+        run.packing("io density", value)
+    else:
+        run.vals["io density"] = value
 
 
 def _spine(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:

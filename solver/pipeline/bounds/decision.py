@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +30,15 @@ from solver.core.cluster import Cluster
 from solver.pipeline.bounds.forced_io import ForcedIo
 from solver.pipeline.bounds.items import Items
 from solver.pipeline.bounds.packing import smallest_capacity
+
+
+class IoCharges(Protocol):
+    """Io every plan with every block at most T pays, charged to its nodes: each block's io
+    is at least the sum of its nodes' charges (:class:`ForcedIo`,
+    :class:`solver.pipeline.bounds.io_density.IoDensity`)."""
+
+    def charges(self, T: float) -> np.ndarray: ...
+
 
 IO_REL_TOL = 1e-5  # decision_io_bound's bisection stops at this relative width
 VOLUME_SLACK = 1e-9  # relative: a floating sum never proves a T by rounding
@@ -90,20 +101,29 @@ def decision_io_bound(
         hi = float(it.work.sum() + 2 * fio.seconds.sum())
         if math.isfinite(cluster.fast_memory):
             hi += float(it.charged.sum() + it.act.max()) / cluster.slow_memory_bandwidth
+    return largest_proven(lambda T: io_volume_exceeds(it, fio, cluster, k, T), lo, hi, t_end)
+
+
+def largest_proven(proves: Callable[[float], bool], lo: float, hi: float, t_end: float) -> float:
+    """The largest T found in [``lo``, ``hi``] with ``proves(T)`` (a proof that no plan has
+    every block at most T; ``lo`` when none above it is), bisected to IO_REL_TOL until
+    ``t_end`` (a ``time.perf_counter()`` value). Every value returned was proven (or is
+    ``lo``, proven by the caller), and OPT > T' for every T' below a proven T, so the search
+    range is only a range: no claim rests on ``hi``."""
     first = lo * (1 + IO_REL_TOL) if lo > 0 else IO_REL_TOL * hi
-    if first >= hi or not io_volume_exceeds(it, fio, cluster, k, first):
+    if first >= hi or not proves(first):
         return lo
     best = first
     while hi - best > IO_REL_TOL * hi and time.perf_counter() < t_end:
         mid = 0.5 * (best + hi)
-        if io_volume_exceeds(it, fio, cluster, k, mid):
+        if proves(mid):
             best = mid
         else:
             hi = mid
     return best
 
 
-def io_volume_exceeds(it: Items, fio: ForcedIo, cluster: Cluster, k: int, T: float) -> bool:
+def io_volume_exceeds(it: Items, fio: IoCharges, cluster: Cluster, k: int, T: float) -> bool:
     """True only with a proof that no plan has every block at most T: the works plus the io
     forced at T exceed k T, or, with memory, ``B_mem`` times them plus the charged weights and
     the largest act (one block holds it) exceed ``k (B_mem T + M)``."""

@@ -58,7 +58,7 @@ class CutNetwork:
     net: max_flow.SimpleMaxFlow  # OR-Tools is imported where the network is built (heavy)
     sink: int
     scale: float  # flow units per second
-    work: np.ndarray  # work(w) of every node (its sink edge)
+    work: np.ndarray  # work(w) of every node (its sink edge), times the network's work weight
     singleton: np.ndarray  # work + io of the set {w}: an upper bound of m(w)
 
 
@@ -69,14 +69,16 @@ class CutNetwork:
 CAPACITY_BITS = 61
 
 
-def cut_network(g: Graph, cluster: Cluster) -> CutNetwork:
-    """The network whose minimum v-sink cut is m(v) (on ``g`` as given)."""
+def cut_network(g: Graph, cluster: Cluster, work_weight: float = 1.0) -> CutNetwork:
+    """The network whose minimum v-sink cut is m(v) (on ``g`` as given); with
+    ``work_weight`` mu the least ``mu * work(S) + io(S)`` over sets S holding v instead."""
     from ortools.graph.python import max_flow  # heavy (OR-Tools): only when this bound runs
 
     n, B = g.n, cluster.link_bandwidth
     sink = n
-    arcs: list[tuple[int, int, float]] = [(w, sink, float(g.work[w])) for w in range(n)]
-    singleton = g.work.astype(float).copy()
+    work = work_weight * g.work.astype(float)
+    arcs: list[tuple[int, int, float]] = [(w, sink, float(work[w])) for w in range(n)]
+    singleton = work.copy()
     pairs: dict[tuple[int, int], float] = {}
     aux = n + 1
     for t in range(g.num_tensors):
@@ -97,7 +99,7 @@ def cut_network(g: Graph, cluster: Cluster) -> CutNetwork:
     net = max_flow.SimpleMaxFlow()
     for x, y, c in arcs:
         net.add_arc_with_capacity(x, y, never if c == INFINITE else int(c * scale))
-    return CutNetwork(net, sink, scale, g.work.astype(float), singleton)
+    return CutNetwork(net, sink, scale, work, singleton)
 
 
 INFINITE = -1.0  # the capacity of the gadgets' inner arcs (never cut)
