@@ -34,8 +34,10 @@ from solver.pipeline.bounds.node_block import (
 
 MAX_NODES = 2_000  # coarse nodes: the reachability and pair-cost matrices are n x n
 BISECTION_STEPS = 14
-BISECTION_TOLERANCE = 1e-5  # relative: the search stops when the interval is this narrow
+MAX_SIBLINGS = 32  # nodes in one set of parallel branches
+BISECTION_TOLERANCE = 2e-4  # relative: the search stops when the interval is this narrow
 TARGET_PROBE = 1e-7  # the first probe with a target: this much below it
+FLOOR_PROBE = 1e-4  # the probe just above the best bound: this much above it
 PIN = 1 << 61  # a pinned node's source arc: above every finite cut (node_block.CAPACITY_BITS)
 
 
@@ -45,7 +47,7 @@ class PairBlockBound:
     block below ``value``), and the minimum cuts computed."""
 
     value: float
-    nodes: tuple[int, ...]
+    nodes: tuple[tuple[int, ...], ...]  # the groups (a group of two or more needs two blocks)
     cuts: int
 
 
@@ -64,6 +66,7 @@ class PairCosts:
     lower: np.ndarray  # lower[u, v]: hull_costs, NaN until computed
     upper: np.ndarray  # upper[u, v]: joint_set_costs, NaN until computed
     known: np.ndarray  # known[u, v]: the pair's cut once computed, -inf before
+    in_cuts: np.ndarray  # the nodes of a pair cut so far (the only columns of known set)
     t_members: np.ndarray  # the members (producer, consumers) of each exchanged tensor ...
     t_ptr: np.ndarray  # ... where each tensor's members start
     t_count: np.ndarray  # ... how many there are
@@ -97,22 +100,31 @@ class PairCosts:
             cost += ((counts > 0) & (counts < self.t_count)).astype(float) @ self.t_sec
         return cost
 
-    def bounds(self, v: int, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`hull_costs` and :meth:`joint_set_costs` of v and each member (they do not
-        depend on T: computed once per pair)."""
+    def lower_bounds(self, v: int, members: np.ndarray) -> np.ndarray:
+        """:meth:`hull_costs` of v and each member (not depending on T: once per pair)."""
         fresh = members[np.isnan(self.lower[members, v])]
         if len(fresh):
             self.lower[fresh, v] = self.hull_costs(v, fresh)
+        return self.lower[members, v]
+
+    def upper_bounds(self, v: int, members: np.ndarray) -> np.ndarray:
+        """:meth:`joint_set_costs` of v and each member (once per pair)."""
+        fresh = members[np.isnan(self.upper[members, v])]
+        if len(fresh):
             self.upper[fresh, v] = self.joint_set_costs(v, fresh)
-        return self.lower[members, v], self.upper[members, v]
+        return self.upper[members, v]
 
     def inherited(self, v: int, members: np.ndarray) -> np.ndarray:
         """For each member u, the largest pair cost already cut of u or v with a node w on
         an order path between them (-inf: none): a block holding u and v holds w, so it
         pays p(u, w) and p(w, v) too."""
-        hull = (self.desc[members] & self.anc[v]) | (self.anc[members] & self.desc[v])
-        via_u = np.where(hull, self.known[members], -np.inf).max(axis=1)
-        via_v = np.where(hull, self.known[v][None, :], -np.inf).max(axis=1)
+        cols = np.flatnonzero(self.in_cuts)  # the nodes of some pair cut so far
+        if not len(cols):
+            return np.full(len(members), -np.inf)
+        rows = np.ix_(members, cols)
+        hull = (self.desc[rows] & self.anc[v, cols]) | (self.anc[rows] & self.desc[v, cols])
+        via_u = np.where(hull, self.known[rows], -np.inf).max(axis=1)
+        via_v = np.where(hull, self.known[v, cols][None, :], -np.inf).max(axis=1)
         return np.maximum(via_u, via_v)
 
     def cut(self, u: int, v: int) -> float:
@@ -129,7 +141,30 @@ class PairCosts:
                 net.set_arc_capacity(a, 0)
             self.cache[key] = value + max(self.over[u], self.over[v])
             self.known[u, v] = self.known[v, u] = self.cache[key]
+            self.in_cuts[[u, v]] = True
         return self.cache[key]
+
+    def set_cost(self, nodes: list[int]) -> float:
+        """A lower bound of f(S) for every block S holding all of ``nodes``: the largest of
+        their hull's work (every node on an order path between two of them) and their node
+        blocks, and the cut with all of them pinned, each with the largest own overflow.
+        The cut is skipped (no claim from it) when the pins' capacities could overflow."""
+        at = np.array(nodes, dtype=np.int64)
+        over = float(self.over[at].max())
+        hull = self.desc[at].any(axis=0) & self.anc[at].any(axis=0)
+        lower = max(float(self.work[hull].sum()) + over, float(self.single[at].max()))
+        pin = int(float(self.cn.work.sum()) * self.cn.scale * (1 + 1e-9)) + 2
+        if pin * len(nodes) >= PIN << 1:
+            return lower
+        net = self.cn.net
+        arcs = [self._pin(x) for x in nodes]
+        for a in arcs:
+            net.set_arc_capacity(a, pin)
+        ok = net.solve(self.source, self.cn.sink) == net.OPTIMAL
+        value = float(net.optimal_flow()) / self.cn.scale if ok else 0.0
+        for a in arcs:
+            net.set_arc_capacity(a, 0)
+        return max(lower, value + over)
 
     def pair_cost(self, u: int, v: int) -> float:
         """p(u, v): a lower bound of f(S) for every block S holding u and v."""
@@ -159,24 +194,61 @@ def pair_block_bound(
     if not cluster.homogeneous or cg.n > MAX_NODES or cg.n <= k:
         return PairBlockBound(0.0, (), 0)
     costs = pair_costs(cg, cluster)
-    order = visit_order(costs, cg.n)
+    search = _Search(costs, visit_order(costs, cg.n), k + 1, t0 + seconds)
     lo = floor
     hi = target if target is not None else float(cg.work.sum() + costs.over.max())
     best = PairBlockBound(0.0, (), 0)
     for step in range(BISECTION_STEPS):
-        if time.perf_counter() - t0 > seconds or hi <= lo * (1 + BISECTION_TOLERANCE):
+        if time.perf_counter() > search.deadline or hi <= lo * (1 + BISECTION_TOLERANCE):
             break
-        # with a known plan, first just below its cost: one probe proves a tight bound
-        mid = hi * (1 - TARGET_PROBE) if step == 0 and target is not None else 0.5 * (lo + hi)
-        clique = _greedy_clique(costs, order, mid, k + 1, t0 + seconds)
-        if len(clique) > k:
-            value = _least_pair_cost(costs, clique, mid) * (1 - FLOAT_SLACK)
+        mid, above_floor = _next_probe(step, lo, hi, target is not None)
+        groups = search.probe(mid)
+        if groups.blocks > k:
+            value = _least_cost(costs, groups, mid) * (1 - FLOAT_SLACK)
             if value > best.value:
-                best = PairBlockBound(value, tuple(clique), len(costs.cache))
+                nodes = tuple(tuple(group) for group in groups.nodes)
+                best = PairBlockBound(value, nodes, len(costs.cache))
             lo = max(mid, value)
+        elif above_floor:
+            break  # nothing just above the best bound: no higher T either (the usual case)
         else:
             hi = mid
     return PairBlockBound(best.value, best.nodes, len(costs.cache))
+
+
+def _next_probe(step: int, lo: float, hi: float, has_target: bool) -> tuple[float, bool]:
+    """The next T to try, and whether it is the probe just above the best bound: with a
+    known plan first just below its cost (one probe proves a tight bound), then just above
+    the best bound (when that fails the search ends: it cannot help), then bisection."""
+    if has_target and step == 0:
+        return hi * (1 - TARGET_PROBE), False
+    if step == int(has_target) and lo > 0:
+        return lo * (1 + FLOOR_PROBE), True
+    return 0.5 * (lo + hi), False
+
+
+@dataclass
+class _Search:
+    """The greedy searches of one bound: nodes alone first; where they fail, the sets of
+    parallel branches (computed once) before them."""
+
+    costs: PairCosts
+    order: list[int]
+    need: int
+    deadline: float
+    siblings: list[list[int]] | None = None
+    singles_failed: float = np.inf  # the least T at which nodes alone failed
+
+    def probe(self, T: float) -> _Groups:
+        singles = [[v] for v in self.order]
+        if self.singles_failed > T:  # nodes alone failed at a lower T: here too (mostly)
+            groups = _greedy_groups(self.costs, singles, T, self.need, self.deadline)
+            if groups.blocks >= self.need:
+                return groups
+            self.singles_failed = T
+        if self.siblings is None:
+            self.siblings = sibling_sets(self.costs, self.order)
+        return _greedy_groups(self.costs, self.siblings + singles, T, self.need, self.deadline)
 
 
 def pair_costs(cg: Graph, cluster: Cluster) -> PairCosts:
@@ -203,6 +275,7 @@ def pair_costs(cg: Graph, cluster: Cluster) -> PairCosts:
         np.full((n, n), np.nan),
         np.full((n, n), np.nan),
         np.full((n, n), -np.inf),
+        np.zeros(n, dtype=bool),
         *tensors,
         cn.net.num_nodes(),
         {},
@@ -241,37 +314,101 @@ def visit_order(costs: PairCosts, n: int) -> list[int]:
     return np.argsort(-single, kind="stable").tolist()
 
 
-def _greedy_clique(costs: PairCosts, order: list[int], T: float, need: int, deadline: float):
-    """Nodes taken in ``order`` when every pair with those already taken costs more than T
-    (the hull first, a minimum cut when the hull does not decide); stops at ``need``."""
-    clique: list[int] = []
-    for v in order:
-        if len(clique) >= need or time.perf_counter() > deadline:
+@dataclass
+class _Groups:
+    """Node groups no two of which share a block below T (every cross pair conflicts); a
+    group of weight 2 cannot fit in one block either (its own cost exceeds T)."""
+
+    nodes: list[list[int]]
+    weight: list[int]
+    cost: list[float]  # the group's cost (its lower bound) when its weight is 2
+
+    @property
+    def blocks(self) -> int:
+        return sum(self.weight)
+
+    def members(self) -> np.ndarray:
+        return np.array([v for group in self.nodes for v in group], dtype=np.int64)
+
+    def group_of(self) -> np.ndarray:
+        return np.array([i for i, group in enumerate(self.nodes) for _ in group], np.int64)
+
+
+def _greedy_groups(
+    costs: PairCosts, candidates: list[list[int]], T: float, need: int, deadline: float
+) -> _Groups:
+    """Candidates taken in order when every node of one conflicts with every node already
+    taken (p > T); a candidate of two nodes or more weighs 2 when it cannot fit in one block
+    below T (and is passed over otherwise). Stops when the weights reach ``need``."""
+    groups = _Groups([], [], [])
+    for nodes in candidates:
+        if groups.blocks >= need or time.perf_counter() > deadline:
             break
-        members = np.array(clique, dtype=np.int64)
-        if len(clique):
-            lower, upper = costs.bounds(v, members)
-            if (upper <= T).any():
-                continue  # a set holding v and a member costs at most T
-            lower = np.maximum(lower, costs.inherited(v, members))
-            undecided = members[lower <= T]
-            # the nearest in topological order first: the likeliest to share a block with v
-            undecided = undecided[np.argsort(np.abs(costs.rank[undecided] - costs.rank[v]))]
-            if any(costs.cut(int(u), v) <= T for u in undecided):
-                continue
-        clique.append(v)
-    return clique
+        members = groups.members()
+        if np.isin(nodes, members).any():
+            continue  # a node is in one group at most
+        cost = costs.set_cost(nodes) if len(nodes) > 1 else np.inf
+        if cost <= T:
+            continue
+        if len(members) and any(_may_share(costs, v, members, T) for v in nodes):
+            continue
+        groups.nodes.append(list(nodes))
+        groups.weight.append(2 if len(nodes) > 1 else 1)
+        groups.cost.append(cost)
+    return groups
 
 
-def _least_pair_cost(costs: PairCosts, clique: list[int], T: float) -> float:
-    """A lower bound of min over pairs of the set of p(u, v) (> T: the set was taken at T),
-    the T below which no two share a block: a pair its hull decided (its hull's lower bounds
-    > T) counts them, the others the larger of those and their cut (computed by the search)."""
-    members = np.array(clique, dtype=np.int64)
-    least = np.inf
-    for i, v in enumerate(clique[1:], start=1):
-        hull = np.maximum(costs.hull_costs(v, members[:i]), costs.inherited(v, members[:i]))
-        for j, u in enumerate(clique[:i]):
-            h = float(hull[j])
-            least = min(least, h if h > T else max(h, costs.cut(u, v)))
+def sibling_sets(costs: PairCosts, order: list[int]) -> list[list[int]]:
+    """Sets of two nodes or more with the same node block and no order path between any
+    two (parallel branches: the experts of a layer), greedily in topological order within
+    each value, at most MAX_SIBLINGS each."""
+    ranked = sorted(order, key=lambda v: (-round(float(costs.single[v]), 12), costs.rank[v]))
+    out: list[list[int]] = []
+    left = set(ranked)
+    for v in ranked:
+        if v not in left:
+            continue
+        chosen = [v]
+        value = round(float(costs.single[v]), 12)
+        for w in ranked:
+            if len(chosen) >= MAX_SIBLINGS:
+                break
+            if w in left and w not in chosen and round(float(costs.single[w]), 12) == value:
+                at = np.array(chosen)
+                if not (costs.desc[at, w].any() or costs.anc[at, w].any()):
+                    chosen.append(w)
+        left.difference_update(chosen)
+        if len(chosen) > 1:
+            out.append(chosen)
+    return out
+
+
+def _may_share(costs: PairCosts, v: int, members: np.ndarray, T: float) -> bool:
+    """True when v may share a block of cost T with a member: for the members whose lower
+    bounds do not exceed T, a set holding both costs at most T, or their cut does."""
+    members = members[costs.lower_bounds(v, members) <= T]
+    if not len(members):
+        return False
+    if (costs.upper_bounds(v, members) <= T).any():
+        return True
+    members = members[costs.inherited(v, members) <= T]
+    # the nearest in topological order first: the likeliest to share a block with v
+    members = members[np.argsort(np.abs(costs.rank[members] - costs.rank[v]))]
+    return any(costs.cut(int(u), v) <= T for u in members.tolist())
+
+
+def _least_cost(costs: PairCosts, groups: _Groups, T: float) -> float:
+    """A lower bound of the least pair cost across groups and of the weight-2 groups' own
+    costs (all > T: the groups were taken at T): a pair its hull decided (its lower bounds
+    > T) counts them, the others the larger of those and their cut."""
+    members, group_of = groups.members(), groups.group_of()
+    least = min([c for c, w in zip(groups.cost, groups.weight, strict=True) if w == 2] + [np.inf])
+    for i in range(1, len(members)):
+        v = int(members[i])
+        cross = np.flatnonzero(group_of[:i] != group_of[i])
+        if not len(cross):
+            continue
+        lower = np.maximum(costs.hull_costs(v, members[cross]), costs.inherited(v, members[cross]))
+        for j, h in zip(cross.tolist(), lower.tolist(), strict=True):
+            least = min(least, h if h > T else max(h, costs.cut(int(members[j]), v)))
     return float(least)
