@@ -16,7 +16,12 @@ from solver.pipeline.bounds.decision import decision_bound, decision_io_bound, w
 from solver.pipeline.bounds.forced_io import MAX_NODES as FORCED_IO_MAX_NODES
 from solver.pipeline.bounds.forced_io import forced_io
 from solver.pipeline.bounds.io_density import MAX_NODES as IO_DENSITY_MAX_NODES
-from solver.pipeline.bounds.io_density import MU_GRID, io_density, io_density_bound
+from solver.pipeline.bounds.io_density import (
+    MU_GRID,
+    io_density,
+    io_density_bound,
+    singleton_density,
+)
 from solver.pipeline.bounds.items import items
 from solver.pipeline.bounds.node_block import node_block_bound
 from solver.pipeline.bounds.packing import import_cpsat
@@ -323,9 +328,11 @@ def _io_density(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
     lo = run.best if fast else run.vals["universal"]
     hi = run.target if fast else math.inf
     value = lo
+    # with every node's cut at its upper end ({v} alone) nothing above lo: no cut can prove it
+    upper = io_density_bound(it, singleton_density(cg, cluster), cluster, k, seconds, lo, hi)
     # the likeliest weights first: when they prove nothing the rest is not cut (the graphs
     # whose io is not spread over every block pay 2 n cuts)
-    for mus in (MU_GRID[:IO_DENSITY_FIRST_WEIGHTS], MU_GRID):
+    for mus in (MU_GRID[:IO_DENSITY_FIRST_WEIGHTS], MU_GRID) if upper > lo else ():
         dens = io_density(cg, cluster, end, mus)
         left = max(0.0, end - time.perf_counter())
         value = io_density_bound(it, dens, cluster, k, left, lo, hi)

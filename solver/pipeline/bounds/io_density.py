@@ -57,6 +57,20 @@ class IoDensity:
         return rho * self.work * (1 - SLACK)
 
 
+def singleton_density(cg: Graph, cluster: Cluster, mus: tuple[float, ...] = MU_GRID) -> IoDensity:
+    """The charges with every cut replaced by its set {v} alone (``io({v}) + mu * work(v)``,
+    at least every cut): an upper end of the io density's charges at every T, so when these
+    prove nothing above a bound, no cut can (no cut is computed)."""
+    mu = np.array(mus)
+    io = np.zeros(cg.n)
+    for t in range(cg.num_tensors):
+        ends = np.unique(np.append(cg.t_cons[cg.t_ptr[t] : cg.t_ptr[t + 1]], cg.t_producer[t]))
+        if len(ends) > 1:
+            io[ends] += float(cg.t_size[t]) / cluster.link_bandwidth
+    work = cg.work.astype(float)
+    return IoDensity(io[:, None] + work[:, None] * mu[None, :], mu, work, True)
+
+
 def io_density(
     cg: Graph, cluster: Cluster, deadline: float = math.inf, mus: tuple[float, ...] = MU_GRID
 ) -> IoDensity | None:

@@ -19,7 +19,7 @@ from solver.core.graph import Graph, coarse_view
 from solver.frontends.workloads import layered_dag
 from solver.pipeline.bounds.decision import decision_io_bound
 from solver.pipeline.bounds.forced_io import forced_io
-from solver.pipeline.bounds.io_density import io_density, io_density_bound
+from solver.pipeline.bounds.io_density import io_density, io_density_bound, singleton_density
 from solver.pipeline.bounds.items import items
 from solver.pipeline.exact.brute import all_assignments, brute_force
 from tests.conftest import problems, scaled_examples
@@ -52,13 +52,15 @@ def cheapest_set(g: Graph, v: int, mu: float, bandwidth: float) -> float:
 @given(problems(max_nodes=6, max_k=3))
 def test_cuts_are_the_cheapest_sets(problem):
     """Every cut is at most the cheapest set found by enumeration, and within the rounding of
-    the integer capacities of it."""
+    the integer capacities of it; and at most its set {v} alone."""
     g, cluster = problem
     if not cluster.homogeneous:
         return
     cg, _ = coarse_view(g)
     dens = io_density(cg, cluster)
     assert dens.complete
+    # the sets {v} alone: an upper end of every cut (what the bounds check before cutting)
+    assert np.all(dens.cuts <= singleton_density(cg, cluster).cuts * (1 + TOL) + TOL)
     for v in range(cg.n):
         for j, mu in enumerate(dens.mus.tolist()):
             exact = cheapest_set(cg, v, mu, cluster.link_bandwidth)
