@@ -44,6 +44,9 @@ DECISION_IO_MIN_SECONDS = 0.5  # ... and its least time (the hulls, then instant
 # the hulls of a 10,000-node layered DAG take 2 s at load 12, 0.5 s for 3,000 nodes)
 IO_DENSITY_SHARE = 0.2  # the io density's cuts: their share of the time limit ...
 IO_DENSITY_MIN_SECONDS = 0.5  # ... and their least time (14 cuts per node, 400 nodes at most)
+# with few blocks a block's io is a small share of its work: on the dnn-partitioning graphs
+# at k = 2-6 and the layered DAGs at k = 4 it never bound, and it cost up to 0.8 s
+IO_DENSITY_MIN_K = 8
 IO_DENSITY_FIRST_WEIGHTS = 2  # the work weights tried first (all of them only if these prove)
 SPINE_SHARE = 0.4  # the spine relaxations' share of the time limit ...
 SPINE_MIN_SECONDS = 1.0  # ... and their least time (a few probes of the io chain program)
@@ -314,12 +317,13 @@ def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None
 
 def _io_density(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
     """The decision bound with each node's share of its block's io (docs/bounds.md, "io
-    density"): graphs of at most IO_DENSITY_MAX_NODES coarse nodes; searched as the decision
-    io bound."""
+    density"): graphs of at most IO_DENSITY_MAX_NODES coarse nodes and at least
+    IO_DENSITY_MIN_K blocks; searched as the decision io bound."""
     cg = coarse_view(g)[0]
-    if cg.n > IO_DENSITY_MAX_NODES or not cluster.homogeneous:
+    if cg.n > IO_DENSITY_MAX_NODES or not cluster.homogeneous or k < IO_DENSITY_MIN_K:
         run.skipped["io density"] = (
-            f"more than {IO_DENSITY_MAX_NODES:,} coarse nodes, or devices or links differ"
+            f"more than {IO_DENSITY_MAX_NODES:,} coarse nodes, fewer than {IO_DENSITY_MIN_K} "
+            "blocks, or devices or links differ"
         )
         return
     seconds = max(min(run.left() / 2, IO_DENSITY_SHARE * run.time_limit), IO_DENSITY_MIN_SECONDS)
