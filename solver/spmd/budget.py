@@ -31,6 +31,7 @@ import numpy as np
 
 from solver.spmd.exact import DeadlineReached, ShardModel
 from solver.spmd.redistribute import local_bytes
+from solver.spmd.segment_dp import eliminate
 
 BUDGET_LEVELS = 4096  # the weight budget is cut into at most this many units in budget_bound
 BUDGET_LOSS = 0.01  # ... losing at most this share of it to rounding down, else no such bound
@@ -428,47 +429,19 @@ def min_sum(
 ) -> tuple[float, list[int]]:
     """The exact minimum of ``sum_i unary[i][s_i] + sum_(u, v) pairs[(u, v)][s_u, s_v]`` over
     the operators in ``order`` (the others take choice 0 and add nothing), and a minimiser:
-    min-sum variable elimination in that order. Raises DeadlineReached past ``deadline``."""
-    factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-    by_var: dict[int, set[int]] = {i: set() for i in order}
-    fid = 0
-    for i in order:
-        factors[fid] = ((i,), unary[i])
-        by_var[i].add(fid)
-        fid += 1
-    for (u, v), m in pairs.items():
-        factors[fid] = ((u, v), m)
-        by_var[u].add(fid)
-        by_var[v].add(fid)
-        fid += 1
-    trace = []
-    total = 0.0
-    for x in order:
+    min-sum variable elimination in that order (segment_dp.eliminate). Raises DeadlineReached
+    past ``deadline``."""
+
+    def check() -> None:
         if deadline is not None and time.perf_counter() > deadline:
             raise DeadlineReached
-        fs = [factors.pop(f) for f in sorted(by_var[x])]
-        scope = sorted({y for sc, _ in fs for y in sc})
-        acc = np.zeros([sizes[y] for y in scope])
-        for sc, arr in fs:
-            acc = acc + _broadcast(sc, arr[..., None], scope, sizes)[..., 0]
-        ax = scope.index(x)
-        arg = np.argmin(acc, axis=ax)
-        red = np.min(acc, axis=ax)
-        rest = tuple(y for y in scope if y != x)
-        trace.append((x, rest, arg))
-        for y in scope:
-            by_var[y] -= {f for f in list(by_var[y]) if f not in factors}
-        if rest:
-            factors[fid] = (rest, red)
-            for y in rest:
-                by_var[y].add(fid)
-            fid += 1
-        else:
-            total += float(red)
+
+    factors = [((i,), unary[i]) for i in order] + [((u, v), m) for (u, v), m in pairs.items()]
+    elim = eliminate(factors, sizes, order=order, check=check)
     choice = [0] * len(sizes)
-    for x, rest, arg in reversed(trace):
-        choice[x] = int(arg[tuple(choice[y] for y in rest)]) if rest else int(arg)
-    return total, choice
+    for x, c in elim.choice().items():
+        choice[x] = c
+    return float(elim.table), choice
 
 
 @dataclass

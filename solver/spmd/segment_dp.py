@@ -66,13 +66,21 @@ class _Segment:
 
 
 @dataclass
-class _Elimination:
-    """Variable elimination of a segment down to its boundary variables: ``table`` over them
-    (the kept variables in order) and the trace to back-track the others."""
+class Elimination:
+    """Min-sum variable elimination down to the ``keep`` variables: ``table``, the minimum
+    over the others as an array over the kept ones (in order; 0-d when none is kept), and the
+    trace to back-track the others' minimisers."""
 
     table: np.ndarray
     keep: list[int]
     trace: list
+
+    def choice(self, at: tuple = ()) -> dict[int, int]:
+        """The minimising choice of every eliminated variable with the kept ones at ``at``."""
+        choice = dict(zip(self.keep, (int(x) for x in at), strict=True))
+        for x, rest, arg in reversed(self.trace):
+            choice[x] = int(arg[tuple(choice[y] for y in rest)])
+        return choice
 
 
 class Unsupported(Exception):
@@ -172,12 +180,12 @@ class SegmentProgramme:
             for at in np.ndindex(*elim.table.shape):
                 if not math.isfinite(elim.table[at]):
                     continue
-                choice = _backtrack(elim, at)
+                choice = elim.choice(at)
                 opt = self._priced(s, j, choice)
                 found.setdefault((opt.a, opt.b, opt.choice), opt)
         return _pareto(list(found.values()))
 
-    def _eliminate(self, j: int, lam: float) -> _Elimination:
+    def _eliminate(self, j: int, lam: float) -> Elimination:
         """Min over the segment's free operators other than its boundary ones of time +
         lam x bytes, as a table over the boundary ones (enter first, then leave)."""
         s, prob = self.segments[j], self.prob
@@ -186,7 +194,7 @@ class SegmentProgramme:
         factors += [((u, v), m) for u, v, m in self.pairs[j]]
         if s.enter is not None:
             factors.append(((s.enter,), np.zeros(prob.sizes[s.enter])))
-        return _eliminate(factors, prob.sizes, keep)
+        return eliminate(factors, prob.sizes, keep)
 
     def _priced(self, s: _Segment, j: int, choice: dict[int, int]) -> SegmentOption:
         """The option of one assignment: exact time, bytes and largest copy set."""
@@ -317,9 +325,12 @@ def _pareto(options: list[SegmentOption]) -> list[SegmentOption]:
     return [o for kept in by_pair.values() for o in kept]
 
 
-def _eliminate(factors: list, sizes: list[int], keep: list[int]) -> _Elimination:
-    """Min-sum variable elimination of every variable of ``factors`` but ``keep`` (the one
-    whose table is smallest first)."""
+def eliminate(factors: list, sizes: list[int], keep=(), order=None, check=None) -> Elimination:
+    """Min-sum variable elimination of every variable of ``factors`` ((scope, array) pairs)
+    but ``keep``: in ``order`` when given (every variable of the factors not kept), else the
+    one whose table is smallest first. ``check()``, when given, runs before each variable (it
+    may raise to stop). The one elimination of the sharding planner (budget.min_sum too)."""
+    keep = list(keep)
     by_var: dict[int, set[int]] = {}
     table: dict[int, tuple] = dict(enumerate(factors))
     for f, (sc, _) in table.items():
@@ -331,16 +342,21 @@ def _eliminate(factors: list, sizes: list[int], keep: list[int]) -> _Elimination
     def width(x: int) -> int:
         return math.prod(sizes[y] for y in {y for f in by_var[x] for y in table[f][0]})
 
-    heap = [(width(x), x) for x in by_var if x not in keep]
-    heapq.heapify(heap)
+    if order is None:
+        heap = [(width(x), x) for x in by_var if x not in keep]
+        heapq.heapify(heap)
+    else:
+        heap = [(0, x) for x in reversed(list(order)) if x not in keep]  # popped from the end
     done: set[int] = set()
     while heap:
-        w, x = heapq.heappop(heap)
+        w, x = heapq.heappop(heap) if order is None else heap.pop()
         if x in done:
             continue
-        if w != width(x):
+        if order is None and w != width(x):
             heapq.heappush(heap, (width(x), x))
             continue
+        if check is not None:
+            check()
         done.add(x)
         fs = [table.pop(f) for f in sorted(by_var.pop(x))]
         scope = sorted({y for sc, _ in fs for y in sc})
@@ -351,10 +367,10 @@ def _eliminate(factors: list, sizes: list[int], keep: list[int]) -> _Elimination
         table[fid] = (rest, np.min(acc, axis=ax))
         for y in rest:
             by_var[y] = {f for f in by_var[y] if f in table} | {fid}
-            if y not in keep:
+            if order is None and y not in keep:
                 heapq.heappush(heap, (width(y), y))
         fid += 1
-    return _Elimination(_sum(list(table.values()), keep, sizes), keep, trace)
+    return Elimination(_sum(list(table.values()), keep, sizes), keep, trace)
 
 
 def _sum(fs: list, scope: list[int], sizes: list[int]) -> np.ndarray:
@@ -368,11 +384,3 @@ def _sum(fs: list, scope: list[int], sizes: list[int]) -> np.ndarray:
             shape[scope.index(y)] = sizes[y]
         acc = acc + np.reshape(view, shape)
     return acc
-
-
-def _backtrack(elim: _Elimination, at: tuple) -> dict[int, int]:
-    """The minimising choice of every eliminated variable with the kept ones at ``at``."""
-    choice = dict(zip(elim.keep, (int(x) for x in at), strict=True))
-    for x, rest, arg in reversed(elim.trace):
-        choice[x] = int(arg[tuple(choice[y] for y in rest)])
-    return choice

@@ -13,6 +13,7 @@ import pytest
 
 from models import sharding_examples as examples
 from solver.core.cluster import Cluster
+from solver.spmd.budget import min_sum
 from solver.spmd.exact import ShardModel
 from solver.spmd.lagrange import _Problem, lagrange, segments
 from solver.spmd.mesh import make_mesh
@@ -21,9 +22,8 @@ from solver.spmd.program import Planner, evaluate
 from solver.spmd.segment_dp import (
     DP_LEVELS,
     SegmentProgramme,
-    _backtrack,
-    _eliminate,
     crossing_producers,
+    eliminate,
 )
 from solver.spmd.training import TrainingSpec
 
@@ -55,7 +55,7 @@ def test_elimination_to_the_boundary_equals_brute_force(seed):
     edges = {(i, i + 1) for i in range(5)} | {(0, 3), (2, 5)}
     factors += [((u, v), rng.random((sizes[u], sizes[v]))) for u, v in sorted(edges)]
     keep = [int(x) for x in rng.choice(6, size=2, replace=False)]
-    elim = _eliminate(factors, sizes, keep)
+    elim = eliminate(factors, sizes, keep)
 
     def total(choice):
         return sum(float(arr[tuple(choice[y] for y in sc)]) for sc, arr in factors)
@@ -67,7 +67,7 @@ def test_elimination_to_the_boundary_equals_brute_force(seed):
             if (c[keep[0]], c[keep[1]]) == at
         )
         assert elim.table[at] == pytest.approx(best, rel=1e-12)
-        choice = _backtrack(elim, at)
+        choice = elim.choice(at)
         assert total([choice[i] for i in range(6)]) == pytest.approx(best, rel=1e-12)
 
 
@@ -158,3 +158,35 @@ def test_lagrangian_search_in_training_keeps_the_segment_plan_under_a_binding_li
     program = evaluate(pl, lag.strategies)
     assert program.memory_per_device <= limit and program.objective == lag.objective
     assert lag.objective <= 1.05 * lag.lower_bound  # 0.4% when measured
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_one_elimination_equals_brute_force_in_any_order(seed):
+    """eliminate (segment_dp's, which budget.min_sum calls with the operators' order): the
+    minimum over every assignment of a random factor graph, in a given order and in its own,
+    the table over kept variables, and min_sum's minimiser attains its value."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(s) for s in rng.integers(1, 4, size=6)]
+    unary = [rng.random(s) for s in sizes]
+    edges = [(0, 1), (1, 2), (0, 3), (3, 4), (4, 5), (2, 5)]
+    pairs = {(u, v): rng.random((sizes[u], sizes[v])) for u, v in edges}
+
+    def cost(x) -> float:
+        own = sum(unary[i][x[i]] for i in range(6))
+        return own + sum(m[x[u], x[v]] for (u, v), m in pairs.items())
+
+    every = {x: cost(x) for x in itertools.product(*(range(s) for s in sizes))}
+    factors = [((i,), unary[i]) for i in range(6)] + [((u, v), m) for (u, v), m in pairs.items()]
+    order = [int(i) for i in rng.permutation(6)]
+    for how in (order, None):
+        elim = eliminate(factors, sizes, order=how)
+        assert float(elim.table) == pytest.approx(min(every.values()))
+        got = elim.choice()
+        assert cost(tuple(got[i] for i in range(6))) == pytest.approx(min(every.values()))
+    kept = eliminate(factors, sizes, keep=[0, 5])
+    for a, b in itertools.product(range(sizes[0]), range(sizes[5])):
+        want = min(c for x, c in every.items() if x[0] == a and x[5] == b)
+        assert kept.table[a, b] == pytest.approx(want)
+    value, choice = min_sum(sizes, order, unary, pairs)
+    assert value == pytest.approx(min(every.values()))
+    assert cost(tuple(choice)) == pytest.approx(value)
