@@ -37,7 +37,7 @@ IO_CHAIN_SHARE = 0.05  # each io chain's share when it runs before the DP (with 
 IO_CHAIN_MIN_SECONDS = 1.0  # ... and each one's least time otherwise
 NODE_BLOCK_SHARE = 0.1  # the node-block cuts' share of the time limit ...
 NODE_BLOCK_MIN_SECONDS = 1.0  # ... and their least time (a few cuts of milliseconds each)
-PAIR_BLOCK_SHARE = 0.5  # the pair-block search's share of the time limit ...
+PAIR_BLOCK_SHARE = 0.6  # the pair-block search's share of the time limit ...
 PAIR_BLOCK_MIN_SECONDS = 1.0  # ... and its least time (a cut per node, then cached pair cuts)
 DECISION_IO_SHARE = 0.3  # the decision bound with forced io: its share of the time limit ...
 DECISION_IO_MIN_SECONDS = 0.5  # ... and its least time (the hulls, then instant volume probes;
@@ -284,7 +284,8 @@ def _pair_block(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
         run.skipped["pair block"] = "devices or links differ (see the topology bound)"
         return
     fast = run.target is not None
-    seconds = max(min(run.left() / 2, PAIR_BLOCK_SHARE * run.time_limit), PAIR_BLOCK_MIN_SECONDS)
+    # most of what is left: it ends at once where it cannot help (nothing just above the best)
+    seconds = max(min(0.75 * run.left(), PAIR_BLOCK_SHARE * run.time_limit), PAIR_BLOCK_MIN_SECONDS)
     floor = run.best if fast else 0.0
     res = pair_block_bound(g, cluster, k, seconds, floor, run.target)
     if fast:

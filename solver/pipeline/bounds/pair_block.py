@@ -35,7 +35,7 @@ from solver.pipeline.bounds.node_block import (
 MAX_NODES = 2_000  # coarse nodes: the reachability and pair-cost matrices are n x n
 BISECTION_STEPS = 14
 MAX_SIBLINGS = 32  # nodes in one set of parallel branches
-BISECTION_TOLERANCE = 2e-4  # relative: the search stops when the interval is this narrow
+BISECTION_TOLERANCE = 1e-3  # relative: the search stops when the interval is this narrow
 TARGET_PROBE = 1e-7  # the first probe with a target: this much below it
 FLOOR_PROBE = 1e-4  # the probe just above the best bound: this much above it
 PIN = 1 << 61  # a pinned node's source arc: above every finite cut (node_block.CAPACITY_BITS)
@@ -341,18 +341,20 @@ def _greedy_groups(
     taken (p > T); a candidate of two nodes or more weighs 2 when it cannot fit in one block
     below T (and is passed over otherwise). Stops when the weights reach ``need``."""
     groups = _Groups([], [], [])
+    taken: set[int] = set()
     for nodes in candidates:
         if groups.blocks >= need or time.perf_counter() > deadline:
             break
-        members = groups.members()
-        if np.isin(nodes, members).any():
+        if any(v in taken for v in nodes):
             continue  # a node is in one group at most
+        members = groups.members()
         cost = costs.set_cost(nodes) if len(nodes) > 1 else np.inf
         if cost <= T:
             continue
         if len(members) and any(_may_share(costs, v, members, T) for v in nodes):
             continue
         groups.nodes.append(list(nodes))
+        taken.update(nodes)
         groups.weight.append(2 if len(nodes) > 1 else 1)
         groups.cost.append(cost)
     return groups
@@ -362,24 +364,22 @@ def sibling_sets(costs: PairCosts, order: list[int]) -> list[list[int]]:
     """Sets of two nodes or more with the same node block and no order path between any
     two (parallel branches: the experts of a layer), greedily in topological order within
     each value, at most MAX_SIBLINGS each."""
-    ranked = sorted(order, key=lambda v: (-round(float(costs.single[v]), 12), costs.rank[v]))
+    classes: dict[float, list[int]] = {}
+    for v in sorted(order, key=lambda v: (-float(costs.single[v]), costs.rank[v])):
+        classes.setdefault(round(float(costs.single[v]), 12), []).append(v)
     out: list[list[int]] = []
-    left = set(ranked)
-    for v in ranked:
-        if v not in left:
-            continue
-        chosen = [v]
-        value = round(float(costs.single[v]), 12)
-        for w in ranked:
-            if len(chosen) >= MAX_SIBLINGS:
-                break
-            if w in left and w not in chosen and round(float(costs.single[w]), 12) == value:
-                at = np.array(chosen)
-                if not (costs.desc[at, w].any() or costs.anc[at, w].any()):
+    for left in classes.values():
+        while len(left) > 1:
+            chosen = [left[0]]
+            for w in left[1:]:
+                if len(chosen) >= MAX_SIBLINGS:
+                    break
+                if not (costs.desc[chosen, w].any() or costs.anc[chosen, w].any()):
                     chosen.append(w)
-        left.difference_update(chosen)
-        if len(chosen) > 1:
-            out.append(chosen)
+            taken = set(chosen)
+            left = [w for w in left if w not in taken]
+            if len(chosen) > 1:
+                out.append(chosen)
     return out
 
 
