@@ -62,7 +62,7 @@ class PairCosts:
     anc: np.ndarray  # anc[v, w]: w is v or an order ancestor of v
     rank: np.ndarray  # topological rank of every node
     single: np.ndarray  # m(v) + overflow({v}): the node block of each node (filled later)
-    near: np.ndarray  # near[v]: the cheapest set around v found by its cut (filled later)
+    near: np.ndarray  # near[v]: the cheapest set around v found by its cut ({v} until then)
     lower: np.ndarray  # lower[u, v]: hull_costs, NaN until computed
     upper: np.ndarray  # upper[u, v]: joint_set_costs, NaN until computed
     known: np.ndarray  # known[u, v]: the pair's cut once computed, -inf before
@@ -194,6 +194,8 @@ def pair_block_bound(
     if not cluster.homogeneous or cg.n > MAX_NODES or cg.n <= k:
         return PairBlockBound(0.0, (), 0)
     costs = pair_costs(cg, cluster)
+    if floor > 0 and not _may_prove(costs, floor * (1 + FLOOR_PROBE), k + 1):
+        return PairBlockBound(0.0, (), 0)  # the usual case on chains: at once, no cut
     search = _Search(costs, visit_order(costs, cg.n), k + 1, t0 + seconds)
     lo = floor
     hi = target if target is not None else float(cg.work.sum() + costs.over.max())
@@ -271,7 +273,7 @@ def pair_costs(cg: Graph, cluster: Cluster) -> PairCosts:
         anc,
         cg.topo_rank,
         np.zeros(n),
-        np.zeros((n, n), dtype=bool),
+        np.eye(n, dtype=bool),
         np.full((n, n), np.nan),
         np.full((n, n), np.nan),
         np.full((n, n), -np.inf),
@@ -300,6 +302,21 @@ def _exchanged_tensors(cg: Graph, bandwidth: float):
     return np.array(members, dtype=np.int64), ptr, count, np.array(secs)
 
 
+def _may_prove(costs: PairCosts, T: float, need: int) -> bool:
+    """An optimistic search before any cut: nodes by decreasing singleton cost, each taken
+    unless its hull with a node taken (the pair itself when no path joins them) costs at
+    most T as a set. False (too few nodes) ends the bound: the real search, which also
+    rejects pairs by their cheapest sets, would find fewer (mostly)."""
+    taken: list[int] = []
+    for v in np.argsort(-costs.cn.singleton, kind="stable").tolist():
+        if len(taken) >= need:
+            return True
+        members = np.array(taken, dtype=np.int64)
+        if not len(taken) or (costs.joint_set_costs(v, members) > T).all():
+            taken.append(v)
+    return len(taken) >= need
+
+
 def visit_order(costs: PairCosts, n: int) -> list[int]:
     """Nodes by decreasing node-block value m(v) (the cheapest set around v alone): the
     nodes that are costly to group come first. Records m(v) and the set of each cut."""
@@ -307,7 +324,6 @@ def visit_order(costs: PairCosts, n: int) -> list[int]:
     cn = costs.cn
     for v in range(n):
         single[v] = min_block_cost(cn, v) + costs.over[v]
-        costs.near[v, v] = True
         if cn.singleton[v] > cn.work[v]:  # a cut was run (else {v} is the cheapest set)
             costs.near[v, [w for w in cn.net.get_source_side_min_cut() if w < n]] = True
     costs.single = single * (1 - FLOAT_SLACK)
