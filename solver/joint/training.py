@@ -672,7 +672,7 @@ def _first_plan(ts: TrainingSearch, progress) -> _Incumbent | None:
         if got is not None and (best is None or got.training.iteration_time < best_t(best)):
             best = got
     if progress is not None and best is not None:
-        progress.update(best_t(best), None, None)
+        progress.update(best_t(best), -math.inf)  # no bound yet
     return best
 
 
@@ -744,7 +744,7 @@ def _upper_plan(
     if got is None or best_t(got) > value * (1 + 1e-9) + 1e-15:
         raise InvalidBoundError("a joint training plan re-priced above its programme's value")
     if progress is not None:
-        progress.update(best_t(got), None, None)
+        progress.update(best_t(got), -math.inf)  # no bound yet
     return got
 
 

@@ -148,3 +148,28 @@ def test_an_optimal_plan_over_every_second_cut_names_the_restricted_space(capsys
     assert "cut_stride" not in full.stats
     print_joint_plan(full)
     assert "(optimal over joint space)" in capsys.readouterr().out
+
+
+class RecordingProgress:
+    """A progress that records what the planner reports (SolveProgress compares the bound)."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple] = []
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def update(self, objective: float, bound: float, elapsed=None) -> None:
+        self.updates.append((objective, bound))
+
+
+def test_the_progress_gets_numbers_and_the_bound_step_is_noted():
+    """Every update carries a number for the bound (-inf: none yet), as SolveProgress
+    compares it with its own; the stage-sum bound's solves are named."""
+    progress = RecordingProgress()
+    sm = from_proto(chain_model(), {})
+    jt.plan_joint_training(sm, flat_two(), TrainingSpec("1f1b", 4), progress=progress)
+    assert progress.updates
+    assert all(isinstance(b, float) for _, b in progress.updates)
+    assert "stage-sum bound: exact sharding of each cut interval" in progress.notes
