@@ -226,9 +226,11 @@ NO_LOW = np.iinfo(np.int64).max  # the level of "no node" among the lowest (neve
 class _Frontier:
     """Per ideal, in slots: the tensors it sends to nodes outside (size, level and local
     bitmask of the lowest and of the highest outside consumers) and the multi-user parameters
-    with users outside (size, lowest outside users); per ideal, the bytes it sends."""
+    with users outside (size, lowest outside users); per ideal, the bytes it sends.
+    ``done``: the entries of the gaps built before a deadline stopped an earlier call (kept
+    there, so that the next call goes on from the next gap)."""
 
-    def __init__(self, g: Graph, ideals: _Ideals, deadline: float):
+    def __init__(self, g: Graph, ideals: _Ideals, deadline: float, done: dict | None = None):
         lev = ideals.level
         t_lev_p = lev[g.t_producer]
         t_lev_c = np.full(g.num_tensors, -1, dtype=np.int64)
@@ -238,10 +240,12 @@ class _Frontier:
         p_lev = np.array(
             [lev[g.p_users[g.p_ptr[p] : g.p_ptr[p + 1]]].max() for p in multi], dtype=np.int64
         )
-        t_entries: list = []  # (rows, size, lowest (level, mask), highest (level, mask))
-        p_entries: list = []
-        for gi in range(ideals.m + 1):
+        done = {} if done is None else done
+        t_entries: list = done.setdefault("t", [])  # (rows, size, lowest, highest (level, mask))
+        p_entries: list = done.setdefault("p", [])
+        for gi in range(done.get("gaps", 0), ideals.m + 1):
             if time.perf_counter() > deadline:
+                done["gaps"] = gi
                 raise _Out("time limit while building frontiers")
             rows = np.arange(ideals.gstart[gi], ideals.gstart[gi + 1])
             for t in np.flatnonzero((t_lev_p <= 2 * gi) & (t_lev_c >= 2 * gi)).tolist():
@@ -761,12 +765,17 @@ def _prepared_costs(
 ) -> _Costs:
     """The ideals of the chain and what prices their pairs (computed once, kept in ``st``)."""
     if "cost" not in st:
-        ids = _Ideals(g, sep, deadline)
+        # kept across calls that a deadline stops: the ideals and the frontiers built so far
+        if "ideals" not in st:
+            st["ideals"] = _Ideals(g, sep, deadline)
+        ids = st["ideals"]
         # every plan has a block of cost >= lower: the table holds at least the pairs
         # whose work fits under it (a quick refusal before the frontiers are built)
         if _window(ids, lower) > 4 * MAX_PAIRS:
             raise _Out(f"about {_window(ids, lower):,} block candidates or more")
-        st["cost"] = _Costs(g, cluster, ids, _Frontier(g, ids, deadline))
+        frontier = _Frontier(g, ids, deadline, st.setdefault("frontier", {}))
+        st["cost"] = _Costs(g, cluster, ids, frontier)
+        del st["ideals"], st["frontier"]
     return st["cost"]
 
 
