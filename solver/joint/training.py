@@ -475,9 +475,9 @@ class TrainingSearch:
                     lab = _Label(0.0, 0.0, o.sync, o.time, st, o, None)
                     self._add(labels, lab, best)
         for ib in range(last - 1, 0, -1):
-            if _clock() > deadline:
-                raise _Expired
             for state in [st for st in labels if st.start == ib]:
+                if _clock() > deadline:  # per state: a row of a 7B model takes many seconds
+                    raise _Expired
                 self._extend(state, labels.pop(state), labels, best, upper)
         return best[0], _path(best[1], s)
 
