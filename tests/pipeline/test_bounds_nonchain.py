@@ -199,7 +199,9 @@ def test_spine_bound_is_below_the_known_optima(key):
 def test_certified_bound_names_the_spine_where_it_binds():
     g, c = _hand_encoder_decoder()
     report = certified_lower_bound(g, c, 5.0)
-    assert report.binding == "spine work io chain"
+    # the pair block proves the optimum here too (decoder layers that cannot share a block)
+    assert report.binding in ("spine work io chain", "pair block")
+    assert report.bounds["spine work io chain"] == pytest.approx(9.0, rel=2e-3)
     assert report.value == pytest.approx(9.0, rel=2e-3) and report.value <= 9.0
     met = certified_lower_bound(g, c, 5.0, target=9.0)  # the optimum: met, the rest skipped
     assert met.binding == "spine work io chain" and met.value == pytest.approx(9.0, rel=1e-6)
@@ -213,7 +215,7 @@ def test_bound_report_names_the_structure_the_spine_removed():
         names, g.work, g.sizeout, list(zip(g.e_src.tolist(), g.e_dst.tolist(), strict=True))
     )
     report = certified_lower_bound(g, c, 5.0)
-    assert report.binding == "spine work io chain"
+    assert report.binding in ("spine work io chain", "pair block")
     assert report.unpriced == ("dec/cross 5.6%", "dec/embed 5.6%")
     assert report.to_dict()["unpriced"] == ["dec/cross 5.6%", "dec/embed 5.6%"]
     # a chain: nothing removed, nothing named (and no key in the JSON)
