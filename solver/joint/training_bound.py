@@ -48,7 +48,8 @@ from solver.spmd.training import TrainingSpec as ShardTraining
 
 STAGE_SUM = "stage-sum training bound"
 SOLVE_MAX_SECONDS = 60.0  # at most this long for one interval's exact sharding solve
-SOLVE_MIN_SECONDS = 1.0
+SOLVE_MIN_SECONDS = 1.0  # a solve gets at least this long while the bound's time lasts
+SOLVE_SKIP_SECONDS = 0.1  # with less than this left, an interval keeps its least own time
 STEP = 1e-4  # the branch and bound over the largest stage time stops at brackets this narrow
 THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the mixes of the largest stage time's two bounds
 
@@ -91,7 +92,7 @@ def interval_bound(planner: Planner, seconds: float) -> IntervalBound:
     the exact sharding search's proven bound, or the least own time per operator when there
     is no time for it."""
     least = compute_bound(planner, {})
-    if seconds < SOLVE_MIN_SECONDS:
+    if seconds < SOLVE_SKIP_SECONDS:
         return IntervalBound(least, "least own time")
     res = exact_search(planner, {}, None, least, time.perf_counter(), SearchOptions(seconds))
     plan = tuple(res.strategies[op.name] for op in planner.sm.ops)
@@ -157,7 +158,11 @@ class StageSumPricer:
         )
         t0 = clock()
         for n, (key, (j, m, weighted)) in enumerate(order):
-            seconds = min(SOLVE_MAX_SECONDS, (deadline - clock()) / (len(order) - n))
+            left = deadline - clock()
+            # a fair share of the time left, but at least SOLVE_MIN_SECONDS while any is left:
+            # most intervals are small and proven in a fraction of it, leaving the rest to others
+            share = left / (len(order) - n)
+            seconds = min(SOLVE_MAX_SECONDS, max(share, min(SOLVE_MIN_SECONDS, left)))
             got = interval_bound(self.planner(j, m, self.mu(m) if weighted else 0.0), seconds)
             unweighted = self.bounds.get(self.interval_key(j, m, False))
             if weighted and unweighted is not None and unweighted.value > got.value:

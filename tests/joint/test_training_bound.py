@@ -173,3 +173,22 @@ def test_the_progress_gets_numbers_and_the_bound_step_is_noted():
     assert progress.updates
     assert all(isinstance(b, float) for _, b in progress.updates)
     assert "stage-sum bound: exact sharding of each cut interval" in progress.notes
+
+
+def test_small_intervals_are_solved_when_the_fair_share_is_under_a_second():
+    """A deadline that leaves each interval much less than SOLVE_MIN_SECONDS: the intervals are
+    still solved exactly (each takes a fraction of a second) while the time lasts, and once it
+    is gone an interval keeps its least own time (never a claim without a solve)."""
+    sm = from_proto(chain_model(batch=8, width=6, seed=2), {})
+    search = JointSearch(sm, two_hosts(), None, "joint", math.inf, None, 0)
+    spec = TrainingSpec("1f1b", 4, optimizer_state=4.0)
+    pricer = StageSumPricer(jt.TrainingSearch(search, spec))
+    ticks = iter(np.arange(0.0, 1000.0, 0.01))  # each clock reading 10 ms later
+    pricer.price_all(deadline=0.5, clock=lambda: float(next(ticks)))
+    sources = pricer.stats["sources"]
+    assert sources.get("exact", 0) >= 1
+    full = pricer_of(sm, two_hosts(), spec)
+    for key, got in pricer.bounds.items():
+        assert got.value <= full.bounds[key].value * (1 + 1e-9)
+        if got.source == "least own time":
+            assert got.strategies is None
