@@ -131,14 +131,7 @@ class PairCosts:
         """The cheapest node set holding u and v (work + io) plus the larger own overflow."""
         key = (min(u, v), max(u, v))
         if key not in self.cache:
-            net = self.cn.net
-            arcs = [self._pin(x) for x in key]
-            for a in arcs:
-                net.set_arc_capacity(a, PIN)
-            ok = net.solve(self.source, self.cn.sink) == net.OPTIMAL
-            value = float(net.optimal_flow()) / self.cn.scale if ok else 0.0
-            for a in arcs:
-                net.set_arc_capacity(a, 0)
+            value = self._pinned_cut(list(key), PIN)
             self.cache[key] = value + max(self.over[u], self.over[v])
             self.known[u, v] = self.known[v, u] = self.cache[key]
             self.in_cuts[[u, v]] = True
@@ -156,15 +149,21 @@ class PairCosts:
         pin = int(float(self.cn.work.sum()) * self.cn.scale * (1 + 1e-9)) + 2
         if pin * len(nodes) >= PIN << 1:
             return lower
+        return max(lower, self._pinned_cut(nodes, pin) + over)
+
+    def _pinned_cut(self, nodes: list[int], capacity: int) -> float:
+        """The least cut with ``nodes`` pinned to the source side (their source arcs at
+        ``capacity``, unpinned again after), in the graph's units; 0 (no claim) when the
+        max-flow does not solve."""
         net = self.cn.net
         arcs = [self._pin(x) for x in nodes]
         for a in arcs:
-            net.set_arc_capacity(a, pin)
+            net.set_arc_capacity(a, capacity)
         ok = net.solve(self.source, self.cn.sink) == net.OPTIMAL
         value = float(net.optimal_flow()) / self.cn.scale if ok else 0.0
         for a in arcs:
             net.set_arc_capacity(a, 0)
-        return max(lower, value + over)
+        return value
 
     def pair_cost(self, u: int, v: int) -> float:
         """p(u, v): a lower bound of f(S) for every block S holding u and v."""
