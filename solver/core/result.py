@@ -30,6 +30,8 @@ STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, INVALID, ERROR)
 # of its blocks on the devices (CP-SAT and brute force on a heterogeneous cluster)
 ALL_PLACEMENTS = "all plans and placements"
 ALL_PLANS = "all plans"  # the default scope: the bound holds for every plan of the problem
+# stats["stopped"] of an exact solve whose warm start met the certified bound
+WARM_START_MET = "the warm start met the certified bound: no search"
 # how a plan file's objective that differs from the recomputed one is described by default
 OBJECTIVE_DIFFERS = "the file's objective {claimed:.10g} differs from the recomputed one"
 

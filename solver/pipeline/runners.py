@@ -18,7 +18,7 @@ from solver.core.cost import evaluate, lower_bound, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.progress import NULL_PROGRESS, Progress
-from solver.core.result import meets_target
+from solver.core.result import WARM_START_MET, meets_target
 from solver.pipeline.dp.chain_ideals import IDEALS_MIN_NODES, ChainResult, chain_ideal_dp
 from solver.pipeline.dp.ideals import IdealTimeout, ideal_dp, too_many_ideals
 from solver.pipeline.dp.warmstart import chain_warm_start, hint_of, proven_plan, skips_search
@@ -42,8 +42,6 @@ from solver.pipeline.topology import flat_then_place
 
 LARGE_GRAPH = 2000  # coarse nodes above which cpsat first runs SliceGraph for its hint
 WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm start
-# the words of solver.pipeline.exact.cpsat.STOPPED_WARM (that module loads OR-Tools' CP-SAT)
-WARM_START_MET = "the warm start met the certified bound: no search"
 # the chain DP's tie-break at a met warm start gets as long as the bounds and warm start took,
 # at least this (CP-SAT's tie-break, loaded and built, would take about as long); past it,
 # CP-SAT's tie-break runs as before

@@ -57,7 +57,7 @@ from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound, own_param_bytes, validate
 from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
-from solver.core.result import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL
+from solver.core.result import ALL_PLACEMENTS, FEASIBLE, OPTIMAL, OPTIMALITY_TOL, WARM_START_MET
 from solver.core.sat import MAX_COEF, new_solver, search_params
 from solver.pipeline.exact.tiebreak import (
     TIE_BREAK_MIN_SECONDS,
@@ -101,7 +101,7 @@ class CpsatOptions:
     stop_at: float | None = None
 
 
-STOPPED_WARM = "the warm start met the certified bound: no search"
+STOPPED_WARM = WARM_START_MET
 STOPPED_INCUMBENT = "incumbent met the certified bound"
 
 
