@@ -54,10 +54,17 @@ def test_every_block_pays_its_nodes_charges(problem):
     fio = forced_io(cg, cluster)
     if fio is None:
         return
+    assert_charges_within_block_io(g, cluster, labels, fio.charges)
+
+
+def assert_charges_within_block_io(g: Graph, cluster: Cluster, labels, charges_at) -> None:
+    """In every plan (brute force over all assignments) of bottleneck T, the charges
+    ``charges_at(T)`` of each block's coarse nodes (``labels``: node -> coarse node) add up to
+    at most that block's io_in + io_out."""
     for a in all_assignments(g, cluster.devices):
         ev = evaluate(g, cluster, a)
-        charges = fio.charges(float(ev.f.max()))
-        blocks = np.zeros(cg.n, dtype=np.int64)
+        charges = charges_at(float(ev.f.max()))
+        blocks = np.zeros(len(charges), dtype=np.int64)
         blocks[labels] = a
         paid = np.bincount(blocks, charges, minlength=cluster.devices)
         assert np.all(paid <= (ev.io_in + ev.io_out) * (1 + TOL) + TOL)

@@ -14,15 +14,16 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from solver.core.cluster import Cluster
-from solver.core.cost import evaluate, lower_bound
+from solver.core.cost import lower_bound
 from solver.core.graph import Graph, coarse_view
 from solver.frontends.workloads import layered_dag
 from solver.pipeline.bounds.decision import decision_io_bound
 from solver.pipeline.bounds.forced_io import forced_io
 from solver.pipeline.bounds.io_density import io_density, io_density_bound, singleton_density
 from solver.pipeline.bounds.items import items
-from solver.pipeline.exact.brute import all_assignments, brute_force
+from solver.pipeline.exact.brute import brute_force
 from tests.conftest import problems, scaled_examples
+from tests.pipeline.test_bounds_decision_io import assert_charges_within_block_io
 
 TOL = 1e-9
 
@@ -77,14 +78,7 @@ def test_every_block_pays_its_nodes_charges(problem):
     if not cluster.homogeneous:
         return
     cg, labels = coarse_view(g)
-    dens = io_density(cg, cluster)
-    for a in all_assignments(g, cluster.devices):
-        ev = evaluate(g, cluster, a)
-        charges = dens.charges(float(ev.f.max()))
-        blocks = np.zeros(cg.n, dtype=np.int64)
-        blocks[labels] = a
-        paid = np.bincount(blocks, charges, minlength=cluster.devices)
-        assert np.all(paid <= (ev.io_in + ev.io_out) * (1 + TOL) + TOL)
+    assert_charges_within_block_io(g, cluster, labels, io_density(cg, cluster).charges)
 
 
 @settings(max_examples=scaled_examples(60), suppress_health_check=[HealthCheck.too_slow])
