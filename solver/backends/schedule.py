@@ -197,8 +197,21 @@ class MakespanRelation:
         return {"lower": self.lower, "upper": self.upper, "exact": self.exact, "rule": self.rule}
 
 
+class MakespanRatio:
+    """The ratio of a simulated makespan to the model's iteration time T, for every
+    simulation record that has both (pipeline and joint training plans)."""
+
+    makespan: float
+    iteration_time: float
+
+    @property
+    def ratio(self) -> float | None:
+        """makespan / T (None for T = 0)."""
+        return self.makespan / self.iteration_time if self.iteration_time > 0 else None
+
+
 @dataclass(frozen=True)
-class TrainingSimulation:
+class TrainingSimulation(MakespanRatio):
     """A training plan's schedule simulated, next to its model: makespan vs T, each stage's
     simulated peak in-flight count and memory vs the model's."""
 
@@ -215,11 +228,6 @@ class TrainingSimulation:
     @property
     def iteration_time(self) -> float:
         return self.cost.iteration_time
-
-    @property
-    def ratio(self) -> float | None:
-        """makespan / T (None for T = 0)."""
-        return self.makespan / self.iteration_time if self.iteration_time > 0 else None
 
     @property
     def valid(self) -> bool:

@@ -37,6 +37,7 @@ import numpy as np
 
 from solver.backends.schedule import (
     MAKESPAN_RULES,
+    MakespanRatio,
     MakespanRelation,
     ScheduleRun,
     makespan_relation,
@@ -366,7 +367,7 @@ class JointMakespanRelation:
 
 
 @dataclass(frozen=True)
-class JointTrainingSimulation:
+class JointTrainingSimulation(MakespanRatio):
     """A joint training plan's schedule run once: makespan vs T, every stage's peak in-flight
     count and memory vs the plan's, and violations (a stage over its capacity)."""
 
@@ -382,11 +383,6 @@ class JointTrainingSimulation:
     @property
     def iteration_time(self) -> float:
         return self.training.iteration_time
-
-    @property
-    def ratio(self) -> float | None:
-        """makespan / T (None for T = 0)."""
-        return self.makespan / self.iteration_time if self.iteration_time > 0 else None
 
     @property
     def valid(self) -> bool:
