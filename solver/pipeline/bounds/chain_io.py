@@ -27,8 +27,10 @@ from solver.core.cluster import Cluster
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.bounds.gap_io import (
     MAX_GAP_NODES,
+    Windows,
     gap_graph,
     interior_cut,
+    interior_windows,
     io_density,
 )
 from solver.pipeline.bounds.items import Items
@@ -84,7 +86,29 @@ class Chain:
         self.cut_in = np.maximum(refined.interior / B, self.cut)
         self.density = refined.density / B
         self.sums, self.small = gap_subset_sums(size, gap, sep, m)
+        # volume windows (add_windows): one class per row; class 0 is the interior cut
+        self.win_at, self.win_cut = np.zeros((1, m + 1)), self.cut_in.reshape(1, -1)
+        self._source = _ChainSource(cg, sep, gap, pos, size, B) if refine else None
         self._arrays()
+
+    def window_lift(self) -> float:
+        """The most a window charges above the interior cut (link seconds)."""
+        extra = np.zeros_like(self.win_cut)
+        windowed = np.isfinite(self.win_at)
+        extra[windowed] = (self.win_cut - self.cut_in)[windowed]
+        return float(extra.max())
+
+    def add_windows(self, deadline: float) -> bool:
+        """Each gap's volume windows (:func:`gap_io.interior_windows`), the largest gaps
+        first, until ``deadline``; True when some gap got one. Once per chain."""
+        src, self._source = self._source, None
+        if src is None:
+            return False
+        found = window_table(src, self.fluid, self.cut_in, deadline)
+        if found.at.shape[0] == 1:
+            return False
+        self.win_at, self.win_cut = found.at, found.cut
+        return True
 
     def _arrays(self) -> None:
         """The chain as arrays for the vectorised bin profiles (:func:`bin_profile_arrays`):
@@ -193,6 +217,56 @@ def gap_cuts(
         if size is not None and len(gg.local) <= MAX_GAP_NODES:
             interior[g] = interior_cut(gg, size)
     return GapCuts(cuts, np.maximum(interior, cuts), density)
+
+
+@dataclass(frozen=True)
+class _ChainSource:
+    """What :meth:`Chain.add_windows` needs of the graph the chain was built from."""
+
+    cg: Graph
+    sep: np.ndarray
+    gap: np.ndarray
+    pos: np.ndarray
+    size: np.ndarray
+    bandwidth: float
+
+
+@dataclass(frozen=True)
+class WindowTable:
+    """Per class j (rows) and gap (columns): a boundary strictly inside the gap whose left
+    side holds more than ``at[j]`` of volume pays at least ``cut[j]`` link seconds. Row 0 is
+    the interior cut (``at`` 0); a gap with fewer windows has ``at`` inf in the rows left."""
+
+    at: np.ndarray
+    cut: np.ndarray
+
+
+def window_table(src: _ChainSource, fluid: list[float], cut_in: np.ndarray, deadline: float):
+    """The volume windows of the interior gaps with three or more nodes (largest volume
+    first, until ``deadline``) as a :class:`WindowTable`."""
+    cg, m = src.cg, len(fluid) - 1
+    members: list[list[int]] = [[] for _ in range(m + 1)]
+    for v in np.flatnonzero(~src.sep).tolist():
+        members[int(src.gap[v])].append(v)
+    s_nodes = np.empty(m, dtype=np.int64)
+    s_nodes[src.pos[src.sep]] = np.flatnonzero(src.sep)
+    found: dict[int, Windows] = {}
+    for g in sorted(range(1, m), key=lambda g: -fluid[g]):
+        if time.perf_counter() > deadline:
+            break
+        if not 3 <= len(members[g]) <= MAX_GAP_NODES or not math.isfinite(cut_in[g]):
+            continue
+        gg = gap_graph(cg, members[g], int(s_nodes[g - 1]), int(s_nodes[g]), src.pos, g)
+        win = interior_windows(gg, src.size, float(cut_in[g]) * src.bandwidth)
+        if win.at:
+            found[g] = win
+    rows = 1 + max((len(w.at) for w in found.values()), default=0)
+    at, cut = np.full((rows, m + 1), math.inf), np.tile(cut_in, (rows, 1))
+    at[0] = 0.0
+    for g, win in found.items():
+        at[1 : 1 + len(win.at), g] = win.at
+        cut[1 : 1 + len(win.at), g] = np.maximum(np.array(win.cut) / src.bandwidth, cut_in[g])
+    return WindowTable(at, cut)
 
 
 @dataclass(frozen=True)
@@ -309,52 +383,68 @@ def _rooms(ch: Chain, ends: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Ends:
-    """Where a bin can end (the gaps ``ends``) and the most volume it can take of each
-    (``taken``: with an interior cut when that volume is strictly inside the gap, the whole
-    gap with the gap cut; -1 when it can take none). It can always end taking nothing (the gap
-    cut)."""
+    """Where a bin can end (the gaps ``ends``) and the most volume it can take of each, per
+    window class j (``taken[j]``; -1 when it can take none in that class): class 0 with the
+    interior cut when that volume is strictly inside the gap (or the whole gap with the gap
+    cut), class j > 0 with the j-th window's cut, more than its volume. It can always end
+    taking nothing (the gap cut)."""
 
     ends: np.ndarray
     taken: np.ndarray
 
 
+WINDOW_SLACK = 1e-9  # a class's volume cap is raised by this fraction: rounding never tightens
+
+
 def bin_ends(ch: Chain, g: int, rest: float, cap: float, Bm: float, head: float) -> Ends:
     """A bin starting in gap g with ``rest`` of that gap's volume and ``head`` link seconds
     received across its cut into gap g, at capacity ``cap``: the gaps it can end in and how
-    much of each it can take (:class:`Ends`)."""
+    much of each it can take in each window class (:class:`Ends`)."""
     reach = _reach_of(ch, g, rest, cap)
     stop = int(np.searchsorted(reach.load_peak, cap - rest, side="right"))
     free = cap - rest - reach.load_peak[:stop] - Bm * (head + reach.core[:stop])
     ends = np.arange(g + 1, g + 1 + stop)
     base_lo = free - Bm * ch.cut_a[ends]
     ok = np.flatnonzero(base_lo >= 0)
-    ends, base_lo = ends[ok], base_lo[ok]
-    base_in = free[ok] - Bm * ch.cut_in_a[ends]
+    ends, base_lo, free = ends[ok], base_lo[ok], free[ok]
     fluid = ch.fluid_a[ends]
-    taken = np.where(_rooms(ch, ends, base_lo) >= fluid, fluid, -1.0)
-    inner = np.flatnonzero(base_in >= 0)
-    taken[inner] = np.maximum(taken[inner], _rooms(ch, ends[inner], base_in[inner]))
+    rows = ch.win_at.shape[0]
+    taken = np.full((rows, len(ends)), -1.0)
+    taken[0] = np.where(_rooms(ch, ends, base_lo) >= fluid, fluid, -1.0)
+    for j in range(rows):
+        at, cut = ch.win_at[j, ends], ch.win_cut[j, ends]
+        top = ch.win_at[min(j + 1, rows - 1), ends] * (1 + WINDOW_SLACK)
+        if j + 1 == rows:
+            top = np.full(len(ends), math.inf)  # the last class has no cap
+        base = free - Bm * cut
+        inner = np.flatnonzero((base >= 0) & (at < fluid))
+        x = np.minimum(_rooms(ch, ends[inner], base[inner]), top[inner])
+        x = np.where(x > at[inner], x, -1.0)
+        taken[j, inner] = np.maximum(taken[j, inner], x)
     return Ends(ends, taken)
 
 
-def _states(ch: Chain, g: int, col: np.ndarray, zero: float, per_bin: float) -> list:
-    """The states of gap g worth expanding, as (bins, volume of gap g taken): the bins that
-    took some of it (``col[i]``: the most with i bins, -1: none) that no state with fewer bins
-    matches after gap-only bins of ``per_bin`` each, and the fewest bins ``zero`` that took
-    none of it (their successor pays the gap cut, not the interior one) unless a state with
-    no more bins took it all (or the interior cut is no dearer)."""
+def _states(ch: Chain, g: int, cols: np.ndarray, zero: float, per_bin: float) -> list:
+    """The states of gap g worth expanding, as (bins, window class, volume of gap g taken):
+    the bins that took some of it (``cols[j, i]``: the most with i bins in class j, -1: none)
+    that no state with no more bins and no higher class matches after gap-only bins of
+    ``per_bin`` each, and the fewest bins ``zero`` that took none of it (their successor pays
+    the gap cut, not the interior one) unless a state with no more bins took it all (or is of
+    class 0 and the interior cut is no dearer)."""
     fluid = ch.fluid[g]
-    kept: list[tuple[int, float]] = []
-    for i in np.flatnonzero(col >= 0).tolist():
-        x = float(col[i])
+    kept: list[tuple[int, int, float]] = []
+    bins, classes = np.nonzero(cols.T >= 0)  # by bins, then class
+    for i, j in zip(bins.tolist(), classes.tolist(), strict=True):
+        x = float(cols[j, i])
         if zero < i and min(fluid, (i - zero) * per_bin) >= x:
             continue
-        if any(min(fluid, x1 + (i - i1) * per_bin) >= x for i1, x1 in kept):
+        if any(j1 <= j and min(fluid, x1 + (i - i1) * per_bin) >= x for i1, j1, x1 in kept):
             continue
-        kept.append((i, x))
+        kept.append((i, j, x))
     same = ch.cut_in[g] <= ch.cut[g]
-    if math.isfinite(zero) and not any(i1 <= zero and (same or x1 >= fluid) for i1, x1 in kept):
-        kept.append((int(zero), 0.0))
+    took_all = any(i1 <= zero and ((same and j1 == 0) or x1 >= fluid) for i1, j1, x1 in kept)
+    if math.isfinite(zero) and not took_all:
+        kept.append((int(zero), 0, 0.0))
     return kept
 
 
@@ -362,18 +452,19 @@ def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
     """Fewest bins of capacity ``cap`` (bytes-equivalent) covering the chain, io included;
     k + 1 when more than k are needed. A bin holding only gap-g volume takes at most
     ``cap / (1 + Bm * density[g])`` of it (its io is at least the density times its volume);
-    a bin that ends strictly inside gap g pays its interior cut, and so does the bin after a
-    boundary strictly inside it (docs/bounds.md, "interior cuts and io density")."""
+    a bin that ends strictly inside gap g pays its interior cut (or the cut of the volume
+    window its left side exceeds), and so does the bin after such a boundary (docs/bounds.md,
+    "interior cuts and io density", "volume windows")."""
     if cap <= 0:
         return 0  # no claim at a zero capacity (the bound starts above it)
     m = ch.m
-    front = np.full((k + 1, m + 1), -1.0)  # [bins, gap]: the most volume of the gap taken
+    front = np.full((ch.win_at.shape[0], k + 1, m + 1), -1.0)  # [class, bins, gap]: most taken
     zero = np.full(m + 1, math.inf)  # fewest bins ending at a gap, taking none of it
     zero[0] = 0
     finish = math.inf
     for g in range(m + 1):
         per_bin = cap / (1.0 + Bm * float(ch.density_a[g]))
-        for i, x in _states(ch, g, front[:, g], float(zero[g]), per_bin):
+        for i, j, x in _states(ch, g, front[:, :, g], float(zero[g]), per_bin):
             if i >= min(k + 1, finish):
                 continue
             rest0 = ch.fluid[g] - x
@@ -387,11 +478,11 @@ def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
                     break
                 rest = max(0.0, rest0 - r * per_bin)
                 interior = 0 < rest < ch.fluid[g]
-                head = 0.0 if g == 0 else float((ch.cut_in if interior else ch.cut)[g])
+                head = 0.0 if g == 0 else float(ch.win_cut[j, g] if interior else ch.cut[g])
                 e = bin_ends(ch, g, rest, cap, Bm, head)
                 zero[e.ends] = np.minimum(zero[e.ends], i + r + 1)
-                row = front[i + r + 1]
-                row[e.ends] = np.maximum(row[e.ends], np.where(e.taken > 0, e.taken, -1.0))
+                rows = front[:, i + r + 1]
+                rows[:, e.ends] = np.maximum(rows[:, e.ends], np.where(e.taken > 0, e.taken, -1.0))
     return int(finish) if finish <= k else k + 1
 
 
@@ -405,13 +496,18 @@ def chain_io_bound(
     memory: bool = True,
     rel_tol: float = 1e-6,
     target: float | None = None,
+    floor: float = 0.0,
 ) -> float:
     """Largest T proven by the chain with io. ``memory``: bins hold
     ``B_mem * (work + io) + charged + peak <= B_mem * T + M``; otherwise ``work + io <= T``
     (both follow from f(S) <= T). ``lo`` must be 0 or a T proven infeasible for a weaker
     relaxation (the io-free chain bound of the same kind). ``target``, the cost of a known
     plan: one probe just below it first (within ``rel_tol / 2``), and when that is proven
-    the search ends there (the bound meets the plan; nothing above it can be proven)."""
+    the search ends there (the bound meets the plan; nothing above it can be proven).
+    While the bound is below the target (or there is none) the gaps' volume windows are
+    added and the search goes on from it, unless they cannot lift it above ``floor``, a
+    bound proven by another relaxation (they raise it by at most twice the largest window's
+    extra cut: docs/bounds.md, "volume windows")."""
     M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
     if memory and math.isinf(M):
         return lo
@@ -432,15 +528,44 @@ def chain_io_bound(
     def infeasible(t: float) -> bool:
         return bins_needed_io(ch, scale * t + base, k, scale) > k
 
-    if lo > 0 and not infeasible(lo):
-        return lo  # feasible already at lo: larger T only adds room
-    if target is not None and math.isfinite(target) and target > lo:
-        near = target / (1 + rel_tol / 2)
-        if near > lo and infeasible(near):
-            return near
     t_end = time.perf_counter() + time_limit
-    step = lo / 64 if lo > 0 else t_top / k  # io adds little to a proven lo: probe near it
-    return largest_infeasible(infeasible, lo, step, t_top, rel_tol, t_end)
+    search = _ChainSearch(infeasible, t_top, k, target, rel_tol, t_end)
+    value = search.largest(lo)
+    if search.meets(value) or not ch.add_windows(t_end):
+        return value
+    if value + 2.0 * ch.window_lift() <= floor:
+        return value  # the windows cannot lift this chain above a bound known already
+    # the volume windows only add io: every T proven so far stays proven
+    return search.largest(value)
+
+
+@dataclass(frozen=True)
+class _ChainSearch:
+    """The search for the largest T a chain program proves infeasible."""
+
+    infeasible: object  # T -> bool
+    t_top: float
+    k: int
+    target: float | None
+    rel_tol: float
+    t_end: float
+
+    def meets(self, value: float) -> bool:
+        """Whether ``value`` meets the target (nothing above it can be proven)."""
+        return self.target is not None and value * (1 + self.rel_tol) >= self.target
+
+    def largest(self, lo: float) -> float:
+        """The largest T proven infeasible, from ``lo`` (0 or proven by a weaker relaxation):
+        one probe just below the target first, when there is one."""
+        infeasible, target = self.infeasible, self.target
+        if lo > 0 and not infeasible(lo):
+            return lo  # feasible already at lo: larger T only adds room
+        if target is not None and math.isfinite(target) and target > lo:
+            near = target / (1 + self.rel_tol / 2)
+            if near > lo and infeasible(near):
+                return near
+        step = lo / 64 if lo > 0 else self.t_top / self.k  # io adds little to a proven lo
+        return largest_infeasible(infeasible, lo, step, self.t_top, self.rel_tol, self.t_end)
 
 
 def largest_infeasible(infeasible, lo: float, step: float, t_top: float, rel_tol, t_end) -> float:

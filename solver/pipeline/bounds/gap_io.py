@@ -30,6 +30,9 @@ from solver.core.graph import Graph
 
 MAX_GAP_NODES = 2_000  # larger gaps get no interior cut and no density (no claim)
 MAX_PAIRS = 32  # (first, last) node pairs tried for an interior cut; more: no claim
+MAX_WINDOW_FLOWS = 256  # pinned max-flows per gap for its volume windows; then no more windows
+MAX_WINDOWS = 2  # volume windows kept per gap
+WINDOW_STEP = 0.05  # a window is kept when it raises the cut by this fraction at least
 DENSITY_STEPS = 12  # bisection steps of the density (each one max-flow)
 DENSITY_UNITS = 1024.0  # capacity units per byte in the density's network
 
@@ -83,41 +86,163 @@ def interior_cut(gg: GapGraph, size: np.ndarray) -> float:
     """The least cut (bytes) of the gap with some volume on each side, or ``inf`` when no
     boundary can fall strictly inside it; the gap cut's own minimum when the pairs to try
     exceed MAX_PAIRS (returned as -1: no claim above the gap cut)."""
-    from ortools.graph.python import max_flow  # heavy (OR-Tools): only when the bound runs
-
     n = len(gg.local)
-    inner = range(1, n - 1)
-    positive = [i for i in inner if size[gg.local[i]] > 0]
+    positive = [i for i in range(1, n - 1) if size[gg.local[i]] > 0]
     if len(positive) < 2:
         return math.inf
     first, last = _extreme_nodes(gg, positive, n)
     pairs = [(a, b) for a in first for b in last if a != b]
     if len(pairs) > MAX_PAIRS or not pairs:
         return -1.0
-    total = sum(size for _, _, size in gg.tensors)
-    never = total + 1
-    f = max_flow.SimpleMaxFlow()
-    nxt = n
-    for p, cons, size in gg.tensors:
-        f.add_arc_with_capacity(p, nxt, size)
-        for c in cons:
-            f.add_arc_with_capacity(nxt, c, never)
-        nxt += 1
-    for b, a in gg.order:
-        f.add_arc_with_capacity(b, a, never)
-    pin_left = {a: f.add_arc_with_capacity(0, a, 0) for a in first}
-    pin_right = {b: f.add_arc_with_capacity(b, n - 1, 0) for b in last}
+    net = PinnedNetwork.build(gg, first, last)
     best = math.inf
     for a, b in pairs:
-        f.set_arc_capacity(pin_left[a], never)
-        f.set_arc_capacity(pin_right[b], never)
-        if f.solve(0, n - 1) != f.OPTIMAL:
+        cut = net.cut(a, b)
+        if cut is None:
             return -1.0  # no claim
-        if f.optimal_flow() < never:  # else b is an ancestor of a: no such boundary
-            best = min(best, float(f.optimal_flow()))
-        f.set_arc_capacity(pin_left[a], 0)
-        f.set_arc_capacity(pin_right[b], 0)
+        best = min(best, cut)  # inf: b is an ancestor of a, no such boundary
     return best
+
+
+@dataclass
+class PinnedNetwork:
+    """The gap cut's max-flow network with a zero-capacity arc from the source to each node
+    of ``left`` and from each node of ``right`` to the sink; :meth:`cut` opens one of each."""
+
+    flow: object  # ortools' SimpleMaxFlow
+    never: int  # above every cut: an order arc, or a pin
+    left: dict[int, int]  # local node -> its arc from the source
+    right: dict[int, int]  # local node -> its arc to the sink
+    sink: int
+
+    @classmethod
+    def build(cls, gg: GapGraph, left: list[int], right: list[int]) -> PinnedNetwork:
+        from ortools.graph.python import max_flow  # heavy (OR-Tools): only when the bound runs
+
+        n = len(gg.local)
+        never = sum(size for _, _, size in gg.tensors) + 1
+        f = max_flow.SimpleMaxFlow()
+        nxt = n
+        for p, cons, size in gg.tensors:
+            f.add_arc_with_capacity(p, nxt, size)
+            for c in cons:
+                f.add_arc_with_capacity(nxt, c, never)
+            nxt += 1
+        for b, a in gg.order:
+            f.add_arc_with_capacity(b, a, never)
+        pin_left = {a: f.add_arc_with_capacity(0, a, 0) for a in left}
+        pin_right = {b: f.add_arc_with_capacity(b, n - 1, 0) for b in right}
+        return cls(f, never, pin_left, pin_right, n - 1)
+
+    def cut(self, a: int, b: int) -> float | None:
+        """The least cut (bytes) with ``a`` on the left and ``b`` on the right (and the left
+        side closed under predecessors); inf when none exists (b precedes a), None when the
+        solver failed (no claim)."""
+        f = self.flow
+        f.set_arc_capacity(self.left[a], self.never)
+        f.set_arc_capacity(self.right[b], self.never)
+        ok = f.solve(0, self.sink) == f.OPTIMAL
+        value = float(f.optimal_flow()) if ok else None
+        f.set_arc_capacity(self.left[a], 0)
+        f.set_arc_capacity(self.right[b], 0)
+        if value is None:
+            return None
+        return value if value < self.never else math.inf
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Volume windows of a gap's interior cut: a boundary strictly inside the gap whose left
+    side (the gap nodes in blocks up to it) holds more than ``at[j]`` of volume pays at least
+    ``cut[j]`` bytes; both lists increase, and ``cut[0]`` exceeds the plain interior cut."""
+
+    at: list[float]
+    cut: list[float]
+
+
+def interior_windows(
+    gg: GapGraph,
+    size: np.ndarray,
+    floor: float,
+    most: int = MAX_WINDOWS,
+    step: float = WINDOW_STEP,
+) -> Windows:
+    """The gap's volume windows above ``floor`` (its interior cut, bytes), by pinning
+    (docs/bounds.md, "volume windows"): a set R of positive-volume gap nodes closed under
+    positive ancestors grows one node at a time; every left side D with more volume than R
+    holds a *frontier* node (positive, outside R, its positive ancestors in the gap all in R),
+    so it pays at least the least pinned cut of a frontier node against a "last" node. R takes
+    the cheapest frontier node next. Each node is priced once (one max-flow per last node);
+    at most MAX_WINDOW_FLOWS max-flows, then the windows found so far. A window is kept
+    when it raises the cut by the fraction ``step`` (each costs the chain program a state
+    class), at most ``most`` of them."""
+    n = len(gg.local)
+    vol = np.array([float(size[v]) for v in gg.local])
+    vol[0] = vol[-1] = 0.0
+    positive = [i for i in range(1, n - 1) if vol[i] > 0]
+    if len(positive) < 3:
+        return Windows([], [])
+    first, last = _extreme_nodes(gg, positive, n)
+    parents = _positive_parents(gg, vol > 0, n)
+    children: dict[int, list[int]] = {v: [] for v in positive}
+    for v in positive:
+        for a in parents[v]:
+            children[a].append(v)
+    waiting = {v: len(parents[v]) for v in positive}
+    pricing = _Pricing(PinnedNetwork.build(gg, positive, last), last)
+    frontier = {v: pricing.price(v) for v in first}
+    inside, best, out = 0.0, floor, Windows([], [])
+    while frontier and None not in frontier.values() and len(out.at) < most:
+        v = min(frontier, key=frontier.__getitem__)
+        least = frontier.pop(v)
+        # any D with more volume than R holds a frontier node
+        if inside > 0 and least > best * (1 + step):
+            out.at.append(inside)
+            out.cut.append(least)
+            best = least
+        inside += vol[v]
+        for w in children[v]:
+            waiting[w] -= 1
+            if waiting[w] == 0:
+                frontier[w] = pricing.price(w)
+    return out
+
+
+@dataclass
+class _Pricing:
+    """Each node's least pinned cut against the last nodes, within a budget of max-flows."""
+
+    net: PinnedNetwork
+    last: list[int]
+    flows: int = 0
+
+    def price(self, v: int) -> float | None:
+        """The least cut with v on the left and some last node other than v on the right
+        (inf: none); None when the budget is spent or a max-flow failed (no claim)."""
+        best = math.inf
+        for b in self.last:
+            if b == v:
+                continue
+            self.flows += 1
+            cut = self.net.cut(v, b) if self.flows <= MAX_WINDOW_FLOWS else None
+            if cut is None:
+                return None
+            best = min(best, cut)
+        return best
+
+
+def _positive_parents(gg: GapGraph, is_pos: np.ndarray, n: int) -> list[set[int]]:
+    """Per local node, its nearest positive-volume ancestors among the gap's nodes (through
+    gap nodes of no volume)."""
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for b, a in gg.order:
+        preds[b].append(a)
+    near: list[set[int]] = [set() for _ in range(n)]
+    for v in range(1, n - 1):  # local order is topological
+        for a in preds[v]:
+            if 0 < a < n - 1:
+                near[v] |= {a} if is_pos[a] else near[a]
+    return near
 
 
 def _extreme_nodes(gg: GapGraph, positive: list[int], n: int) -> tuple[list[int], list[int]]:
