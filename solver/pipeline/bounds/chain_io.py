@@ -408,20 +408,39 @@ def bin_ends(ch: Chain, g: int, rest: float, cap: float, Bm: float, head: float)
     ok = np.flatnonzero(base_lo >= 0)
     ends, base_lo, free = ends[ok], base_lo[ok], free[ok]
     fluid = ch.fluid_a[ends]
+    whole = np.where(_rooms(ch, ends, base_lo) >= fluid, fluid, -1.0)
+    base_in = free - Bm * ch.cut_in_a[ends]
+    inner = np.flatnonzero(base_in >= 0)
     rows = ch.win_at.shape[0]
+    if rows > 1:  # the interior cut's class ends where the first window starts
+        top = ch.win_at[1, ends[inner]] * (1 + WINDOW_SLACK)
+        whole[inner] = np.maximum(
+            whole[inner], np.minimum(_rooms(ch, ends[inner], base_in[inner]), top)
+        )
+    else:
+        whole[inner] = np.maximum(whole[inner], _rooms(ch, ends[inner], base_in[inner]))
+    if rows == 1:
+        return Ends(ends, whole[None, :])
     taken = np.full((rows, len(ends)), -1.0)
-    taken[0] = np.where(_rooms(ch, ends, base_lo) >= fluid, fluid, -1.0)
-    for j in range(rows):
-        at, cut = ch.win_at[j, ends], ch.win_cut[j, ends]
-        top = ch.win_at[min(j + 1, rows - 1), ends] * (1 + WINDOW_SLACK)
-        if j + 1 == rows:
-            top = np.full(len(ends), math.inf)  # the last class has no cap
-        base = free - Bm * cut
-        inner = np.flatnonzero((base >= 0) & (at < fluid))
-        x = np.minimum(_rooms(ch, ends[inner], base[inner]), top[inner])
-        x = np.where(x > at[inner], x, -1.0)
-        taken[j, inner] = np.maximum(taken[j, inner], x)
+    taken[0] = whole
+    for j in range(1, rows):
+        taken[j] = _window_takes(ch, ends, free - Bm * ch.win_cut[j, ends], j)
     return Ends(ends, taken)
+
+
+def _window_takes(ch: Chain, ends: np.ndarray, base: np.ndarray, j: int) -> np.ndarray:
+    """The most volume of each gap in ``ends`` a bin with ``base`` left after its window-j cut
+    can take with its left side in window j: more than the window's volume, at most the next
+    window's (raised by WINDOW_SLACK: rounding never tightens); -1 where none."""
+    at = ch.win_at[j, ends]
+    top = ch.win_at[j + 1, ends] * (1 + WINDOW_SLACK) if j + 1 < ch.win_at.shape[0] else None
+    out = np.full(len(ends), -1.0)
+    inner = np.flatnonzero((base >= 0) & (at < ch.fluid_a[ends]))
+    x = _rooms(ch, ends[inner], base[inner])
+    if top is not None:
+        x = np.minimum(x, top[inner])
+    out[inner] = np.where(x > at[inner], x, -1.0)
+    return out
 
 
 def _states(ch: Chain, g: int, cols: np.ndarray, zero: float, per_bin: float) -> list:
@@ -433,8 +452,12 @@ def _states(ch: Chain, g: int, cols: np.ndarray, zero: float, per_bin: float) ->
     class 0 and the interior cut is no dearer)."""
     fluid = ch.fluid[g]
     kept: list[tuple[int, int, float]] = []
-    bins, classes = np.nonzero(cols.T >= 0)  # by bins, then class
-    for i, j in zip(bins.tolist(), classes.tolist(), strict=True):
+    if cols.shape[0] == 1:
+        pairs = [(i, 0) for i in np.flatnonzero(cols[0] >= 0).tolist()]
+    else:
+        bins, classes = np.nonzero(cols.T >= 0)  # by bins, then class
+        pairs = list(zip(bins.tolist(), classes.tolist(), strict=True))
+    for i, j in pairs:
         x = float(cols[j, i])
         if zero < i and min(fluid, (i - zero) * per_bin) >= x:
             continue
@@ -481,8 +504,8 @@ def bins_needed_io(ch: Chain, cap: float, k: int, Bm: float) -> int:
                 head = 0.0 if g == 0 else float(ch.win_cut[j, g] if interior else ch.cut[g])
                 e = bin_ends(ch, g, rest, cap, Bm, head)
                 zero[e.ends] = np.minimum(zero[e.ends], i + r + 1)
-                rows = front[:, i + r + 1]
-                rows[:, e.ends] = np.maximum(rows[:, e.ends], np.where(e.taken > 0, e.taken, -1.0))
+                for row, taken in zip(front[:, i + r + 1], e.taken, strict=True):
+                    row[e.ends] = np.maximum(row[e.ends], np.where(taken > 0, taken, -1.0))
     return int(finish) if finish <= k else k + 1
 
 
