@@ -24,11 +24,17 @@ from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
 from solver.pipeline.bounds import certified_lower_bound, topology
-from solver.pipeline.bounds.combine import BoundReport
-from solver.pipeline.bounds.spine import removed_scopes
+from solver.pipeline.bounds.combine import PAUSE_BEFORE_PAIR_BLOCK, BoundReport, BoundSearch
+from solver.pipeline.bounds.spine import SPINE_REL_TOL, removed_scopes
 from solver.pipeline.bounds.spine_plan import spine_plan
-from solver.pipeline.bounds.two_chain import two_chain_bound, two_chain_case, two_chain_plan
-from solver.pipeline.dp.chain_ideals import ChainResult
+from solver.pipeline.bounds.two_chain import (
+    TwoChainBound,
+    TwoChainSplit,
+    two_chain_bound,
+    two_chain_case,
+    two_chain_plan,
+)
+from solver.pipeline.dp.chain_ideals import IDEALS_MIN_NODES, ChainResult
 from solver.pipeline.dp.warmstart import FIRST_SHARE, hint_of, ideals_first, skips_search
 from solver.pipeline.options import (
     Incumbent,
@@ -58,7 +64,13 @@ BOUND_SHARE = 0.15
 BOUND_MAX_SECONDS = 10.0
 SPINE_PLAN_SHARE = 0.1  # of the time limit, at most, for the spine plan (cpsat's incumbent)
 TWO_CHAIN_SHARE = 0.4  # of the time limit, at most, for the two-chain plan and bound ...
-TWO_CHAIN_PLAN_SHARE = 0.4  # ... of which the plan gets this much (the bound the rest)
+TWO_CHAIN_PLAN_SHARE = 0.4  # ... of which the bound, first, leaves the plan this much
+# on two chains, the pair block's time before them (it proves BART-base at k = 16 in 0.14 s,
+# it cannot prove the k = 8 rows, where it took 1-2.5 s before the two chains proved them)
+QUICK_PAIR_BLOCK_SECONDS = 0.5
+# the CP-SAT tie-break's share of the seconds that found a plan meeting the certified bound
+MET_TIE_BREAK_SHARE = 0.5
+MET_TIE_BREAK_MIN_SECONDS = 0.1
 # the methods that tell SolveOptions.reporter their steps and incumbents (the others are silent)
 PROGRESS_METHODS = ("cpsat", "slicegraph")
 __all__ = [
@@ -156,11 +168,7 @@ def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, bud
     inc = better_incumbent(
         warm_incumbent(g, cluster, k, WARM_START_SHARE * opts.time_limit), first, g, t0
     )
-    rep = certified_bound(g, cluster, budget, None if inc is None else inc.objective)
-    if inc is not None and not meets_target(inc.objective, rep.value):  # the gap is open
-        inc = with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * opts.time_limit)
-    if inc is not None and not meets_target(inc.objective, rep.value):  # still open
-        rep, inc = with_two_chain(g, cluster, k, rep, inc, TWO_CHAIN_SHARE * opts.time_limit)
+    rep, inc = _bounds_and_plans(g, cluster, k, inc, budget, opts.time_limit)
     # rep.infeasible (no plan fits the capacity) still runs the method: it names what does not
     # fit, or finds no plan; a plan would contradict the proof and make_plan would refuse it
     spent = rep.seconds + (0.0 if inc is None else inc.seconds)
@@ -170,11 +178,65 @@ def _solve_exact(fn, g: Graph, cluster: Cluster, k: int, opts: SolveOptions, bud
         certified_bound=rep.value,
         incumbent=inc,
         spent_before=spent,
+        extra=_met_tie_break(g, inc, rep, opts.extra),
     )
     plan = run_method(fn, g, cluster, k, opts, "cpsat")
     if plan is not None and inc is not None:
         plan.wall_seconds += inc.seconds
     return None if plan is None else certify(g, cluster, plan, rep)
+
+
+def _gap_open(inc: Incumbent | None, rep: BoundReport) -> bool:
+    return inc is not None and not meets_target(inc.objective, rep.value)
+
+
+def _bounds_and_plans(
+    g: Graph, cluster: Cluster, k: int, inc: Incumbent | None, budget: float, limit: float
+) -> tuple[BoundReport, Incumbent | None]:
+    """The certified bounds and the plans cpsat gets before its search, each run only while
+    the gap to the incumbent is open: the bounds, the spine plan, the two chains. On a
+    two-chain graph (an encoder-decoder) the bounds pause before the pair block and the
+    two-chain relaxation goes first: it often proves the incumbent, which the pair block only
+    approaches (docs/bounds.md, "two chain"); the split is computed only when the bounds
+    before the pair block leave the gap open."""
+    target = None if inc is None else inc.objective
+    if not cluster.homogeneous:  # no two chains (they price one link)
+        rep = certified_bound(g, cluster, budget, target)
+        return rep, with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * limit)
+    search = BoundSearch(g, cluster, budget, target=target)
+    rep = search.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+    split = two_chain_case(g, cluster, k) if _gap_open(inc, rep) else None
+    if split is None:  # the order of every other graph: all the bounds first
+        rep = search.run()
+    if _gap_open(inc, rep):
+        inc = with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * limit)
+    if split is None or not _gap_open(inc, rep):
+        return rep, inc
+    # two chains: the pair block where it is quick (with the spine plan's cost as its target;
+    # past that, after the two chains)
+    rep = search.quick_pair_block(QUICK_PAIR_BLOCK_SECONDS, inc.objective)
+    if _gap_open(inc, rep):
+        rep, inc = with_two_chain(g, cluster, k, rep, inc, TWO_CHAIN_SHARE * limit, split)
+    # the pair block and the packings with the better incumbent, while the gap is open (else
+    # they are listed as not needed)
+    return search.resume(rep, inc.objective), inc
+
+
+def _met_tie_break(g: Graph, inc: Incumbent | None, rep: BoundReport, extra: dict) -> dict:
+    """The method options with the tie-break's seconds where the incumbent already meets the
+    certified bound on a graph too large for the chain DP's exact tie-break (runners):
+    CP-SAT's time-boxed tie-break gets MET_TIE_BREAK_SHARE of the seconds spent finding that
+    plan (the warm start and the plan DPs), not of the bounds' proof (on Whisper-small at
+    k = 8 the default, half of the whole 9 s solve, searched 4.6 s and, given 60 s, found no
+    plan sending less). A user's tie_break / tie_break_seconds is kept."""
+    if inc is None or not meets_target(inc.objective, rep.value):
+        return extra
+    if "tie_break_seconds" in extra or not extra.get("tie_break", True):
+        return extra
+    if coarse_view(g)[0].n < IDEALS_MIN_NODES:  # the chain DP breaks the tie exactly there
+        return extra
+    seconds = max(MET_TIE_BREAK_MIN_SECONDS, MET_TIE_BREAK_SHARE * inc.seconds)
+    return {**extra, "tie_break_seconds": seconds}
 
 
 def ideals_report(first: ChainResult, t0: float) -> BoundReport:
@@ -216,37 +278,66 @@ def with_spine_plan(
 
 
 def with_two_chain(
-    g: Graph, cluster: Cluster, k: int, rep: BoundReport, inc: Incumbent, seconds: float
+    g: Graph,
+    cluster: Cluster,
+    k: int,
+    rep: BoundReport,
+    inc: Incumbent,
+    seconds: float,
+    split: TwoChainSplit | None = None,
 ) -> tuple[BoundReport, Incumbent]:
     """The certified report and the incumbent after the two-chain DP
     (:mod:`solver.pipeline.bounds.two_chain`: encoder-decoders as two chains with cross
-    edges): its plan replaces the incumbent when better (its seconds count as the
-    incumbent's), then its bound, from the report's and up to the incumbent, is added to the
-    report as "two chain" (binding when it is the largest; ``unpriced`` then names what its
-    relaxation removed). The split into two chains is computed once, for both. Returns at
-    once on graphs that are not two chains."""
+    edges; ``split``: its :func:`two_chain_case`, computed here when not given). Its bound
+    first, from the report's and up to the incumbent, added to the report as "two chain"
+    (binding when it is the largest; ``unpriced`` then names what its relaxation removed);
+    then, only while the gap is open, its plan, between the two, which replaces the incumbent
+    when better (its seconds count as the incumbent's). The bound's probes descend to the
+    relaxation's optimum whatever plan they start from, so a plan found after it would not
+    raise it. Returns at once on graphs that are not two chains."""
     t0 = time.perf_counter()
-    split = two_chain_case(g, cluster, k)
+    split = two_chain_case(g, cluster, k) if split is None else split
     if split is None:
         return replace(rep, seconds=rep.seconds + time.perf_counter() - t0), inc
-    found = two_chain_plan(
-        g, split, cluster, k, TWO_CHAIN_PLAN_SHARE * seconds, (rep.value, inc.objective)
-    )
-    if found is not None and found.value < inc.objective:
-        inc = Incumbent(found.value, found.assignment, inc.seconds)
-    inc = Incumbent(inc.objective, inc.assignment, inc.seconds + time.perf_counter() - t0)
+    bound_s = (1 - TWO_CHAIN_PLAN_SHARE) * seconds
+    res = two_chain_bound(split, cluster, k, bound_s, inc.objective, rep.value)
+    rep = _with_two_chain_bound(rep, res, split, time.perf_counter() - t0)
+    if meets_target(inc.objective, rep.value):
+        return rep, inc
     t1 = time.perf_counter()
     left = max(0.0, seconds - (t1 - t0))
-    res = two_chain_bound(split, cluster, k, left, inc.objective, rep.value) if left > 0 else None
-    spent = rep.seconds + time.perf_counter() - t1
-    if res is None or res.value <= rep.value:
-        return replace(rep, seconds=spent), inc
+    found = two_chain_plan(g, split, cluster, k, left, (rep.value, inc.objective))
+    t2 = time.perf_counter()
+    if found is None or found.value >= inc.objective:
+        return rep, Incumbent(inc.objective, inc.assignment, inc.seconds + t2 - t1)
+    inc = Incumbent(found.value, found.assignment, inc.seconds + t2 - t1)
+    # the descent stopped within SPINE_REL_TOL of the relaxation's optimum: a plan that close
+    # may be proven by a probe just below its cost (the tables are built again; the floor
+    # probe below the plan's cost leaves the descent room for that probe)
+    left = seconds - (t2 - t0)
+    floor = inc.objective * (1 - 2 * SPINE_REL_TOL)
+    if res.spine is not None and left > 0 and floor <= rep.value:
+        res = two_chain_bound(split, cluster, k, left, inc.objective, floor)
+        rep = _with_two_chain_bound(rep, res, split, time.perf_counter() - t2)
+    return rep, inc
+
+
+def _with_two_chain_bound(
+    rep: BoundReport, res: TwoChainBound, split: TwoChainSplit, seconds: float
+) -> BoundReport:
+    """``rep`` with the two-chain bound ``res`` and its ``seconds`` (binding when larger)."""
+    if res.value <= rep.value:
+        return replace(rep, seconds=rep.seconds + seconds)
     bounds = {**rep.bounds, "two chain": res.value}
     unpriced = tuple(removed_scopes(split.graph, res.spine)) if res.spine else ()
-    rep = replace(
-        rep, value=res.value, binding="two chain", bounds=bounds, seconds=spent, unpriced=unpriced
+    return replace(
+        rep,
+        value=res.value,
+        binding="two chain",
+        bounds=bounds,
+        seconds=rep.seconds + seconds,
+        unpriced=unpriced,
     )
-    return rep, inc
 
 
 def warm_incumbent(g: Graph, cluster: Cluster, k: int, seconds: float) -> Incumbent | None:

@@ -191,7 +191,21 @@ def universal_only(monkeypatch):
         v = float(lower_bound(g, cluster))
         return BoundReport(v, "universal", {"universal": v}, 0.0)
 
+    class UniversalSearch:  # cpsat's bounds, which pause for the two chains
+        def __init__(self, g, cluster, *args, **kwargs):
+            self.rep = universal(g, cluster, 0.0)
+
+        def run(self, until=None):
+            return self.rep
+
+        def quick_pair_block(self, seconds, target):
+            return self.rep
+
+        def resume(self, rep, target):
+            return rep
+
     monkeypatch.setattr(solver.pipeline.registry, "certified_bound", universal)
+    monkeypatch.setattr(solver.pipeline.registry, "BoundSearch", UniversalSearch)
 
 
 def test_evaluate_recomputes_the_certified_bound(tmp_path, capsys):
