@@ -10,6 +10,8 @@ from solver.core.cluster import Cluster
 from solver.core.cost import lower_bound
 from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
+from solver.pipeline.bounds.boundary_io import MAX_NODES as BOUNDARY_IO_MAX_NODES
+from solver.pipeline.bounds.boundary_io import boundary_io, boundary_io_bound
 from solver.pipeline.bounds.chain import chain_bound, work_chain_bound
 from solver.pipeline.bounds.chain_io import chain_io_bound
 from solver.pipeline.bounds.decision import decision_bound, decision_io_bound, work_packing_bound
@@ -48,6 +50,8 @@ IO_DENSITY_MIN_SECONDS = 0.5  # ... and their least time (14 cuts per node, 400 
 # at k = 2-6 and the layered DAGs at k = 4 it never bound, and it cost up to 0.8 s
 IO_DENSITY_MIN_K = 8
 IO_DENSITY_FIRST_WEIGHTS = 2  # the work weights tried first (all of them only if these prove)
+BOUNDARY_IO_SHARE = 0.1  # the boundary io cuts' share of the time limit ...
+BOUNDARY_IO_MIN_SECONDS = 0.5  # ... and their least time (k - 1 max-flows per probe)
 SPINE_SHARE = 0.4  # the spine relaxations' share of the time limit ...
 SPINE_MIN_SECONDS = 1.0  # ... and their least time (a few probes of the io chain program)
 IDEALS_SHARE = 0.8  # the exact DP over the ideals of the separator chain goes first ...
@@ -149,6 +153,7 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
     "node block",
     "ideals",
     "decision io",
+    "boundary io",
     "io density",
     "spine chain io",
     "spine work io chain",
@@ -237,6 +242,7 @@ class BoundSearch:
             ("chain io", lambda: not early_io and _io_chains(run, g, it, cluster, k)),
             ("node block", lambda: not early_io and _node_block(run, g, cluster)),
             ("decision io", lambda: _decision_io(run, g, it, cluster, k)),
+            ("boundary io", lambda: _boundary_io(run, g, cluster, k)),
             ("io density", lambda: _io_density(run, g, it, cluster, k)),
             ("spine chain io", lambda: _spine(run, g, cluster, k)),
             (PAUSE_BEFORE_PAIR_BLOCK, lambda: _pair_block(run, g, cluster, k)),
@@ -334,12 +340,14 @@ def _io_chains(
         return max(left, IO_CHAIN_MIN_SECONDS)
 
     run.vals["chain io"] = (
-        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target) if chain > 0 else 0.0
+        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target, floor=run.best)
+        if chain > 0
+        else 0.0
     )
     if run.met():
         return
     run.vals["work io chain"] = chain_io_bound(
-        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target
+        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target, floor=run.best
     )
 
 
@@ -402,6 +410,31 @@ def _decision_io(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None
         run.packing("decision io", value)
     else:
         run.vals["decision io"] = value
+
+
+def _boundary_io(run: _BoundRun, g: Graph, cluster: Cluster, k: int) -> None:
+    """The work plus the least io of each boundary between blocks (docs/bounds.md, "boundary
+    io"): with an incumbent searched above the best bound so far and below it (a value that
+    proves nothing more is listed in ``skipped``); without one, above the universal bound."""
+    if k < 2 or not cluster.homogeneous:
+        return  # not a bound of these problems (as the exact DP where it does not apply)
+    seconds = max(min(run.left() / 2, BOUNDARY_IO_SHARE * run.time_limit), BOUNDARY_IO_MIN_SECONDS)
+    end = time.perf_counter() + seconds
+    bio = boundary_io(coarse_view(g)[0], cluster, end)
+    if bio is None:
+        run.skipped["boundary io"] = (
+            f"more than {BOUNDARY_IO_MAX_NODES:,} coarse nodes, a data edge that is not an order"
+            f" edge, or reachability over {seconds:.3g} s"
+        )
+        return
+    fast = run.target is not None
+    lo = run.best if fast else run.vals["universal"]
+    hi = run.target if fast else math.inf
+    value = boundary_io_bound(bio, k, max(0.0, end - time.perf_counter()), lo, hi)
+    if fast:
+        run.packing("boundary io", value)
+    else:
+        run.vals["boundary io"] = value
 
 
 def _io_density(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
