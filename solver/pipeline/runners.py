@@ -28,8 +28,9 @@ from solver.pipeline.heuristics.brkga import BrkgaOptions, brkga
 from solver.pipeline.heuristics.manual import manual_assignment, read_sharding, stages_are_devices
 from solver.pipeline.heuristics.orders import depth_first_order
 from solver.pipeline.heuristics.poprt import PoprtOptions, poprt
+from solver.pipeline.heuristics.refine import refine_plan
 from solver.pipeline.heuristics.slicing import SliceTimeout, slice_order
-from solver.pipeline.options import SolveOptions
+from solver.pipeline.options import Incumbent, SolveOptions
 from solver.pipeline.placement import (
     best_placement,
     candidate_sequences,
@@ -46,6 +47,12 @@ WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm s
 # at least this (CP-SAT's tie-break, loaded and built, would take about as long); past it,
 # CP-SAT's tie-break runs as before
 MET_DP_MIN_SECONDS = 0.5
+# local search (solver.pipeline.heuristics.refine) on cpsat's warm start before the search, at
+# most this share of the time limit, when the warm start is more than REFINE_HINT_GAP above the
+# certified bound (within it CP-SAT usually proves in a second or two: the dnn-partitioning
+# graphs)
+REFINE_HINT_SHARE = 0.1
+REFINE_HINT_GAP = 0.01
 
 
 def _members(labels: np.ndarray, L: int) -> np.ndarray:
@@ -347,6 +354,14 @@ def _search_cpsat(
         val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
         if ca is not None and val < best:
             best, hint = val, ca[labels]
+    if (
+        hint is not None
+        and cluster.homogeneous
+        and not meets_bound(best, _relaxed(opts.certified_bound))
+    ):
+        prog.note("local search on the warm start")
+        warm = refined_incumbent(g, cluster, Incumbent(best, hint, 0.0), opts)
+        best, hint = warm.objective, warm.assignment
     heur_s = time.perf_counter() - t0
     if math.isfinite(best):
         prog.update(best, lower_bound(g, cluster), heur_s)
@@ -368,6 +383,26 @@ def _search_cpsat(
         plan.wall_seconds = time.perf_counter() - t0
         plan.stats["warm_start_seconds"] = round(heur_s, 3)
     return plan
+
+
+def _relaxed(bound: float | None) -> float | None:
+    """The certified bound raised by REFINE_HINT_GAP: a warm start within it is left to CP-SAT."""
+    return None if bound is None else bound * (1 + REFINE_HINT_GAP)
+
+
+def refined_incumbent(g: Graph, cluster: Cluster, inc: Incumbent, opts: SolveOptions) -> Incumbent:
+    """``inc`` improved by the local search of :mod:`solver.pipeline.heuristics.refine` (at
+    most REFINE_HINT_SHARE of the time limit, stopped at the certified bound), or ``inc``
+    itself when it finds nothing better; its seconds are the search's. Homogeneous clusters
+    only (on others the search returns its input)."""
+    t0 = time.perf_counter()
+    target = 0.0 if opts.certified_bound is None else opts.certified_bound
+    deadline = t0 + REFINE_HINT_SHARE * opts.time_limit
+    found = refine_plan(g, cluster, inc.assignment, deadline, target)
+    seconds = time.perf_counter() - t0
+    if found.objective < inc.objective:
+        return Incumbent(found.objective, found.assignment, seconds)
+    return Incumbent(inc.objective, inc.assignment, seconds)
 
 
 def run_poprt(g: Graph, cluster: Cluster, opts: SolveOptions) -> Plan:

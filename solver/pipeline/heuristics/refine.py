@@ -113,6 +113,7 @@ class BlockCosts:
             for p in self.uses[v]:
                 self._add_user(p, b)
         self.peak = [max((self.act[v] for v in m), default=0.0) for m in self.members]
+        self.stale: set[int] = set()  # blocks whose peak lost its node: recomputed when read
 
     def _add_user(self, p: int, b: int) -> None:
         n = self.users[p].get(b, 0)
@@ -131,11 +132,19 @@ class BlockCosts:
     def f(self, b: int) -> float:
         over = 0.0
         if not math.isinf(self.fast):
-            over = max(0.0, self.params[b] + self.peak[b] - self.fast) / self.slow
+            over = max(0.0, self.params[b] + self._peak(b) - self.fast) / self.slow
         return self.bytes_io[b] / self.B + self.work[b] + over
 
     def fits(self, b: int) -> bool:
-        return self.params[b] + self.peak[b] <= self.capacity * (1 + 1e-12)
+        if math.isinf(self.capacity):
+            return True
+        return self.params[b] + self._peak(b) <= self.capacity * (1 + 1e-12)
+
+    def _peak(self, b: int) -> float:
+        if b in self.stale:
+            self.stale.discard(b)
+            self.peak[b] = max((self.act[v] for v in self.members[b]), default=0.0)
+        return self.peak[b]
 
     def costs(self) -> list[float]:
         return [self.f(b) for b in range(self.k)]
@@ -163,8 +172,8 @@ class BlockCosts:
         self.members[x].discard(v)
         self.members[y].add(v)
         if self.act[v] >= self.peak[x]:
-            self.peak[x] = max((self.act[u] for u in self.members[x]), default=0.0)
-        self.peak[y] = max(self.peak[y], self.act[v])
+            self.stale.add(x)
+        self.peak[y] = max(self._peak(y), self.act[v])
 
     def _move_producer(self, t: int, x: int, y: int) -> None:
         size, blocks = self.t_size[t], self.cons[t]
@@ -239,10 +248,14 @@ class _Search:
 
     def try_moves(self, nodes: list[int], y: int) -> bool:
         """Move ``nodes`` (in that order, each keeping its order edges) from their block to y;
-        kept when the pair's costs improve and both blocks fit, otherwise undone."""
+        kept when the pair's costs improve and both blocks fit, otherwise undone. Skipped
+        when y's work alone would reach the pair's larger cost (f is at least the work)."""
         s = self.state
         x = s.a[nodes[0]]
         old = _costs_of(s, [x, y])
+        added = sum(s.work_of[v] for v in nodes)
+        if s.work[y] + added > max(old) * (1 + REL_TOL):
+            return False
         for v in nodes:
             s.move(v, y)
         if s.fits(y) and s.fits(x) and _better(_costs_of(s, [x, y]), old):
@@ -252,13 +265,17 @@ class _Search:
             s.move(v, x)
         return False
 
-
     def try_swap(self, u: int, w: int) -> bool:
         """u to w's block and w to u's (when both keep their order edges); kept when the
         pair's costs improve and both blocks fit, otherwise undone."""
         s = self.state
         x, y = s.a[u], s.a[w]
         old = _costs_of(s, [x, y])
+        top = max(old) * (1 + REL_TOL)
+        if s.work[y] + s.work_of[u] - s.work_of[w] > top:
+            return False
+        if s.work[x] - s.work_of[u] + s.work_of[w] > top:
+            return False
         s.move(u, y)
         if x not in s.window(w):
             s.move(u, x)
@@ -270,7 +287,6 @@ class _Search:
         s.move(w, y)
         s.move(u, x)
         return False
-
 
     def try_ejection(self, v: int, y: int) -> bool:
         """v to block y, then, unless that alone improves, one node w of y to another block z
