@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from solver.core.cluster import Cluster
 from solver.core.cost import evaluate, lower_bound
 from solver.core.graph import Graph, coarse_view
+from solver.pipeline.bounds import certified_lower_bound
 from solver.pipeline.bounds.boundary_io import (
     BoundaryIo,
     boundary_cuts,
@@ -173,3 +174,16 @@ def test_refusals():
     chain, _ = fly_over()
     assert boundary_io_bound(boundary_io(chain, flat), 1, 1.0, 5.0) == 5.0
     assert boundary_cuts(boundary_io(chain, flat), 2, 30.0) is None  # (k - 1) T >= W
+
+
+def test_certified_bounds_report_it():
+    """The certified bounds compute it (after decision io) and report its value; on the chain
+    above it is the 4.1333 of the boundaries' io."""
+    n = 12
+    g = Graph.build(
+        [f"v{i}" for i in range(n)], np.ones(n), np.full(n, 0.1), [(i, i + 1) for i in range(n - 1)]
+    )
+    cluster = Cluster("toy", 3, fast_memory=math.inf, link_bandwidth=1.0)
+    report = certified_lower_bound(g, cluster, time_limit=5.0, ideals=False)
+    assert report.bounds["boundary io"] == pytest.approx(12.4 / 3, rel=1e-4)
+    assert report.value <= 4.2 * (1 + 1e-9)
