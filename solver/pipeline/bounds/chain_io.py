@@ -528,9 +528,9 @@ def chain_io_bound(
     plan: one probe just below it first (within ``rel_tol / 2``), and when that is proven
     the search ends there (the bound meets the plan; nothing above it can be proven).
     While the bound is below the target (or there is none) the gaps' volume windows are
-    added and the search goes on from it, unless they cannot lift it above ``floor``, a
-    bound proven by another relaxation (they raise it by at most twice the largest window's
-    extra cut: docs/bounds.md, "volume windows")."""
+    added and the search goes on from it (each of the two with ``time_limit``), unless they
+    cannot lift it above ``floor``, a bound proven by another relaxation (they raise it by
+    at most twice the largest window's extra cut: docs/bounds.md, "volume windows")."""
     M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
     if memory and math.isinf(M):
         return lo
@@ -551,10 +551,9 @@ def chain_io_bound(
     def infeasible(t: float) -> bool:
         return bins_needed_io(ch, scale * t + base, k, scale) > k
 
-    t_end = time.perf_counter() + time_limit
-    search = _ChainSearch(infeasible, t_top, k, target, rel_tol, t_end)
+    search = _ChainSearch(infeasible, t_top, k, target, rel_tol, time_limit)
     value = search.largest(lo)
-    if search.meets(value) or not ch.add_windows(t_end):
+    if search.meets(value) or not ch.add_windows(time.perf_counter() + time_limit):
         return value
     if value + 2.0 * ch.window_lift() <= floor:
         return value  # the windows cannot lift this chain above a bound known already
@@ -571,7 +570,7 @@ class _ChainSearch:
     k: int
     target: float | None
     rel_tol: float
-    t_end: float
+    seconds: float  # for the steps and the bisection, after the first probes
 
     def meets(self, value: float) -> bool:
         """Whether ``value`` meets the target (nothing above it can be proven)."""
@@ -588,7 +587,8 @@ class _ChainSearch:
             if near > lo and infeasible(near):
                 return near
         step = lo / 64 if lo > 0 else self.t_top / self.k  # io adds little to a proven lo
-        return largest_infeasible(infeasible, lo, step, self.t_top, self.rel_tol, self.t_end)
+        t_end = time.perf_counter() + self.seconds
+        return largest_infeasible(infeasible, lo, step, self.t_top, self.rel_tol, t_end)
 
 
 def largest_infeasible(infeasible, lo: float, step: float, t_top: float, rel_tol, t_end) -> float:
