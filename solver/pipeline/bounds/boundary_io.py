@@ -58,8 +58,10 @@ class BoundaryIo:
         return len(self.up)
 
     def weights(self, k: int, T: float) -> np.ndarray | None:
-        """Per tensor, ``2 / r_max`` at T (None when ``(k - 1) T >= W``: no claim)."""
-        m = self.total_work - (k - 1) * T
+        """Per tensor, ``2 / r_max`` at T (None when ``(k - 1) T >= W``: no claim). W is
+        shrunk by SLACK: a floating sum of the works never makes a block look nonempty (or m
+        larger) by rounding."""
+        m = self.total_work * (1 - SLACK) - (k - 1) * T
         if m <= 0:
             return None
         return 2.0 / (1.0 + np.floor(self.spread * (1 + SLACK) / m))

@@ -174,6 +174,9 @@ def test_refusals():
     chain, _ = fly_over()
     assert boundary_io_bound(boundary_io(chain, flat), 1, 1.0, 5.0) == 5.0
     assert boundary_cuts(boundary_io(chain, flat), 2, 30.0) is None  # (k - 1) T >= W
+    # (k - 1) T within the rounding of the works' sum (a plan with one block of all the work,
+    # summed in another order, fell 1 ulp below W): no claim either
+    assert boundary_io(chain, flat).weights(2, 30.0 * (1 - 1e-12)) is None
 
 
 def test_certified_bounds_report_it():
