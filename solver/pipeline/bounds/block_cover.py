@@ -37,7 +37,8 @@ PRICE_BITS = 24  # prices in units of (largest |dual|) / 2^PRICE_BITS
 GROWN_SEEDS = 10  # sets grown from this many nodes of largest price (and the LP's support)
 COLUMNS_PER_ROUND = 40  # interval columns added to the master per round
 REDUCED_TOL = 1e-9  # a column enters the master when pi(S) > 1 + this
-FIRST_STEP = 2.5e-3  # the first probe is this far above lo (relative), each proof doubles it
+FIRST_STEP = 1e-3  # the first probe is this far above lo (relative) ...
+STEP_GROWTH = 2  # ... and each proof makes the next step this much longer
 PROBE_REL_WIDTH = 2e-4  # the probes stop when the interval left is this narrow (relative)
 PRICE_SECONDS = 2.0  # one pricing's limit (its bound is valid when cut short)
 SMOOTHING = 0.7  # Wentges' weight of the best prices so far ...
@@ -712,9 +713,11 @@ def block_cover_bound(
     lo: float,
     hi: float = math.inf,
 ) -> BlockCoverBound:
-    """Largest T proven in [``lo``, ``hi``] by bisection (``lo``, proven by the caller, when
-    none above it is): no plan with every block at most T fits k blocks. Homogeneous
-    clusters and at most MAX_NODES coarse nodes (``lo`` otherwise)."""
+    """Largest T proven in [``lo``, ``hi``] (``lo``, proven by the caller, when none above it
+    is): no plan with every block at most T fits k blocks. The probes go FIRST_STEP above
+    the best so far, the step growing by STEP_GROWTH after each proof, and bisect below a
+    failure; each gets at most half the time left. Homogeneous clusters and at most
+    MAX_NODES coarse nodes (``lo`` otherwise)."""
     deadline = time.perf_counter() + seconds
     cg, _ = coarse_view(g)
     if cg.n > MAX_NODES or cg.n <= k or not cluster.homogeneous:
@@ -729,8 +732,9 @@ def block_cover_bound(
     while top - best > PROBE_REL_WIDTH * top and time.perf_counter() < deadline:
         T = min(best * (1 + step), 0.5 * (best + top)) if best > 0 else 0.5 * (best + top)
         probes += 1
-        if search.proves(T, deadline):
-            best, proven, step = T, proven + 1, 2 * step
+        # half of what is left: a probe that fails leaves time to a smaller one
+        if search.proves(T, 0.5 * (time.perf_counter() + deadline)):
+            best, proven, step = T, proven + 1, STEP_GROWTH * step
         else:
             top = T
     return BlockCoverBound(best, probes, proven, len(search.pool))
