@@ -393,6 +393,7 @@ class Ends:
     taken: np.ndarray
 
 
+WINDOW_GAIN = 1e-3  # windows that cannot meet the target must lift the chain by this fraction
 WINDOW_SLACK = 1e-9  # a class's volume cap is raised by this fraction: rounding never tightens
 
 
@@ -530,7 +531,8 @@ def chain_io_bound(
     While the bound is below the target (or there is none) the gaps' volume windows are
     added and the search goes on from it (each of the two with ``time_limit``), unless they
     cannot lift it above ``floor``, a bound proven by another relaxation (they raise it by
-    at most twice the largest window's extra cut: docs/bounds.md, "volume windows")."""
+    at most twice the largest window's extra cut: docs/bounds.md, "volume windows"), or
+    cannot meet the target and do not lift it by WINDOW_GAIN (one probe)."""
     M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
     if memory and math.isinf(M):
         return lo
@@ -555,8 +557,13 @@ def chain_io_bound(
     value = search.largest(lo)
     if search.meets(value) or not ch.add_windows(time.perf_counter() + time_limit):
         return value
-    if value + 2.0 * ch.window_lift() <= floor:
-        return value  # the windows cannot lift this chain above a bound known already
+    lift = 2.0 * ch.window_lift()  # the most the windows can add (docs/bounds.md)
+    if value + lift <= floor:
+        return value  # they cannot lift this chain above a bound known already
+    if not search.meets(value + lift):  # do they lift it by WINDOW_GAIN? (one probe)
+        if lift < WINDOW_GAIN * value or not infeasible(value * (1 + WINDOW_GAIN)):
+            return value
+        value *= 1 + WINDOW_GAIN
     # the volume windows only add io: every T proven so far stays proven
     return search.largest(value)
 

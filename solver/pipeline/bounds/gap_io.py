@@ -30,7 +30,7 @@ from solver.core.graph import Graph
 
 MAX_GAP_NODES = 2_000  # larger gaps get no interior cut and no density (no claim)
 MAX_PAIRS = 32  # (first, last) node pairs tried for an interior cut; more: no claim
-MAX_WINDOW_FLOWS = 256  # pinned max-flows per gap for its volume windows; then no more windows
+MAX_WINDOW_FLOWS = 128  # pinned max-flows per gap for its volume windows; then no more windows
 MAX_WINDOWS = 2  # volume windows kept per gap
 WINDOW_STEP = 0.05  # a window is kept when it raises the cut by this fraction at least
 DENSITY_STEPS = 12  # bisection steps of the density (each one max-flow)
