@@ -35,6 +35,16 @@ CAPACITY_BITS = 61  # as the node block's networks: no sum of flows at a vertex 
 
 
 @dataclass(frozen=True)
+class Window:
+    """The nodes every plan under T puts in the prefix ideal I_i (``inside``: their
+    descendants weigh more than the blocks after it can hold) and out of it (``outside``:
+    their ancestors weigh more than the first i blocks can hold)."""
+
+    inside: np.ndarray
+    outside: np.ndarray
+
+
+@dataclass(frozen=True)
 class BoundaryIo:
     """What the boundary cuts read, per coarse node: ``up`` (work of the node and its
     ancestors), ``down`` (of the node and its descendants); per tensor sent when split:
@@ -66,11 +76,11 @@ class BoundaryIo:
             return None
         return 2.0 / (1.0 + np.floor(self.spread * (1 + SLACK) / m))
 
-    def forced(self, k: int, i: int, T: float) -> tuple[np.ndarray, np.ndarray]:
-        """The nodes every plan under T puts in I_i (first) and out of it (second)."""
-        inside = self.down * (1 - SLACK) > (k - i) * T
-        outside = self.up * (1 - SLACK) > i * T
-        return inside, outside
+    def forced(self, k: int, i: int, T: float) -> Window:
+        """The nodes every plan under T puts in I_i and out of it."""
+        return Window(
+            inside=self.down * (1 - SLACK) > (k - i) * T, outside=self.up * (1 - SLACK) > i * T
+        )
 
 
 def boundary_io(cg: Graph, cluster: Cluster, deadline: float = math.inf) -> BoundaryIo | None:
@@ -126,17 +136,17 @@ def boundary_cuts(bio: BoundaryIo, k: int, T: float) -> np.ndarray | None:
     caps = bio.seconds * w
     out = np.zeros(k - 1)
     for i in range(1, k):
-        inside, outside = bio.forced(k, i, T)
-        if (inside & outside).any():
+        window = bio.forced(k, i, T)
+        if (window.inside & window.outside).any():
             out[i - 1] = math.inf
-        elif inside.any():
-            out[i - 1] = _least_cut(bio, caps, inside, outside)
+        elif window.inside.any():
+            out[i - 1] = _least_cut(bio, caps, window)
     return out
 
 
-def _least_cut(bio: BoundaryIo, caps: np.ndarray, inside: np.ndarray, outside: np.ndarray) -> float:
-    """Min over ideals I with ``inside`` in I and ``outside`` out of it of the sum of ``caps``
-    over the tensors I splits: a closure network (an order edge u -> v is an uncuttable arc
+def _least_cut(bio: BoundaryIo, caps: np.ndarray, window: Window) -> float:
+    """Min over ideals I holding ``window.inside`` and none of ``window.outside`` of the sum of
+    ``caps`` over the tensors I splits: a closure network (an order edge u -> v is an uncuttable arc
     v -> u), a tensor an arc producer -> its vertex of its capacity and uncuttable arcs on to
     its consumers; capacities scaled to integers, rounded down."""
     from ortools.graph.python import max_flow  # heavy (OR-Tools): only when this bound runs
@@ -144,7 +154,7 @@ def _least_cut(bio: BoundaryIo, caps: np.ndarray, inside: np.ndarray, outside: n
     n = bio.n
     source, sink = n, n + 1
     aux = n + 2 + np.arange(len(caps))
-    ins, outs = np.flatnonzero(inside), np.flatnonzero(outside)
+    ins, outs = np.flatnonzero(window.inside), np.flatnonzero(window.outside)
     tensor_of_reader = np.repeat(np.arange(len(caps)), np.diff(bio.cons_ptr))
     fixed_tail = np.concatenate([bio.e_dst, aux[tensor_of_reader], np.full(len(ins), source), outs])
     fixed_head = np.concatenate([bio.e_src, bio.cons, ins, np.full(len(outs), sink)])

@@ -61,8 +61,8 @@ def assert_plans_pay_their_crossings(g: Graph, cluster: Cluster) -> int:
         crossed = 0.0
         for i in range(1, k):
             ideal = blocks < i
-            inside, outside = bio.forced(k, i, T)
-            assert not (inside & ~ideal).any() and not (outside & ideal).any()
+            window = bio.forced(k, i, T)
+            assert not (window.inside & ~ideal).any() and not (window.outside & ideal).any()
             crossed += weighted_crossing(bio, weights, ideal)
         assert crossed <= float((ev.io_in + ev.io_out).sum()) * (1 + TOL) + TOL
         checked += 1
@@ -126,10 +126,14 @@ def test_cuts_are_the_least_crossings_of_their_windows(problem):
     for T in np.linspace(bio.total_work / k, bio.total_work / (k - 1), 4)[:-1].tolist():
         cuts, weights = boundary_cuts(bio, k, T), bio.weights(k, T)
         for i in range(1, k):
-            inside, outside = bio.forced(k, i, T)
-            fits = [x for x in every if not (inside & ~x).any() and not (outside & x).any()]
+            window = bio.forced(k, i, T)
+            fits = [
+                x
+                for x in every
+                if not (window.inside & ~x).any() and not (window.outside & x).any()
+            ]
             exact = min((weighted_crossing(bio, weights, x) for x in fits), default=math.inf)
-            if not inside.any():
+            if not window.inside.any():
                 exact = 0.0  # no claim: the empty ideal is allowed for the cut
             assert cuts[i - 1] <= exact * (1 + TOL) + TOL
             assert cuts[i - 1] >= exact * (1 - 1e-6) - 1e-9
