@@ -200,9 +200,8 @@ def _bounds_and_plans(
     approaches (docs/bounds.md, "two chain"); the split is computed only when the bounds
     before the pair block leave the gap open."""
     target = None if inc is None else inc.objective
-    if not cluster.homogeneous:  # no two chains (they price one link)
-        rep = certified_bound(g, cluster, budget, target)
-        return rep, with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * limit)
+    if not cluster.homogeneous:  # the topology bound; no spine plan nor two chains here
+        return certified_bound(g, cluster, budget, target), inc
     search = BoundSearch(g, cluster, budget, target=target)
     rep = search.run(until=PAUSE_BEFORE_PAIR_BLOCK)
     split = two_chain_case(g, cluster, k) if _gap_open(inc, rep) else None
@@ -210,11 +209,12 @@ def _bounds_and_plans(
         rep = search.run()
     if _gap_open(inc, rep):
         inc = with_spine_plan(g, cluster, k, inc, SPINE_PLAN_SHARE * limit)
-    if split is None or not _gap_open(inc, rep):
+    if split is None:
         return rep, inc
     # two chains: the pair block where it is quick (with the spine plan's cost as its target;
     # past that, after the two chains)
-    rep = search.quick_pair_block(QUICK_PAIR_BLOCK_SECONDS, inc.objective)
+    if _gap_open(inc, rep):
+        rep = search.quick_pair_block(QUICK_PAIR_BLOCK_SECONDS, inc.objective)
     if _gap_open(inc, rep):
         rep, inc = with_two_chain(g, cluster, k, rep, inc, TWO_CHAIN_SHARE * limit, split)
     # the pair block and the packings with the better incumbent, while the gap is open (else
