@@ -33,6 +33,7 @@ from solver.core.graph import Graph, coarse_view
 
 MAX_NODES = 150  # coarse nodes: above it a pricing takes seconds and few probes finish
 SCALE_BITS = 40  # every cost in units of (largest block cost) / 2^SCALE_BITS, rounded down
+COEFFICIENT_CAP = 2**50  # memory coefficients above it are lowered to it (a relaxation)
 PRICE_BITS = 24  # prices in units of (largest |dual|) / 2^PRICE_BITS
 GROWN_SEEDS = 10  # sets grown from this many nodes of largest price (and the LP's support)
 COLUMNS_PER_ROUND = 40  # interval columns added to the master per round
@@ -332,16 +333,18 @@ class PricingModel:
 
         self.n = cg.n
         io = cg.t_size / cluster.link_bandwidth
-        self.scale = 2.0**SCALE_BITS / float(
-            cg.work.sum() + 2 * io.sum() + _overflow_max(cg, cluster)
-        )
+        # no set costs more: all the work, every tensor sent and received, all the overflow
+        self.largest = float(cg.work.sum() + 2 * io.sum()) + _overflow_max(cg, cluster)
+        self.scale = 2.0**SCALE_BITS / self.largest
         self.m = m = cp_model.CpModel()
         self.x = [m.NewBoolVar(f"x{v}") for v in range(cg.n)]
+        self.over, self.over_top = None, 0  # the overflow's variable and largest value
         terms = [(_down(cg.work[v] * self.scale), self.x[v]) for v in range(cg.n)]
         terms += self._io_terms(cg, _down_array(io * self.scale))
         terms += self._memory_terms(cg, cluster)
         self._add_convexity(cg)
-        top = sum(c for c, _ in terms)
+        # the booleans' coefficients and the overflow's largest value (``over_top``)
+        top = sum(c for c, var in terms if var is not self.over) + self.over_top
         self.cost = m.NewIntVar(0, max(top, 0), "cost")
         m.Add(self.cost == sum(c * var for c, var in terms if c))
 
@@ -376,23 +379,26 @@ class PricingModel:
         terms = []
         if over:
             f = self.scale / cluster.slow_memory_bandwidth
-            terms.append((1, self._excess(cg, use, f, M * f, "ov")))
+            self.over_top = self.cap(self.largest) + 1
+            self.over = self._excess(cg, use, f, M * f, "ov", self.over_top)
+            terms.append((1, self.over))
         if cap:
             unit = float(C) / 2.0**30
-            excess = self._excess(cg, use, 1.0 / unit, float(C) / unit, "cap")
+            excess = self._excess(cg, use, 1.0 / unit, float(C) / unit, "cap", 0)
             m.Add(excess == 0)
         return terms
 
-    def _excess(self, cg: Graph, use: list, f: float, limit: float, name: str):
-        """An integer at least max(0, (params + peak) * f - limit), rounded down."""
+    def _excess(self, cg: Graph, use: list, f: float, limit: float, name: str, most: int):
+        """An integer at least max(0, (params + peak) * f - limit) (coefficients rounded
+        down and capped at COEFFICIENT_CAP, the limit rounded up: never above it), at most
+        ``most``: a set that needs more costs more than every cap anyway."""
         m, x = self.m, self.x
-        act = _down_array(cg.act * f)
+        act = np.minimum(_down_array(cg.act * f), COEFFICIENT_CAP)
         peak = m.NewIntVar(0, int(act.max(initial=0)), f"{name}_peak")
         for v in np.flatnonzero(act > 0).tolist():
             m.Add(peak >= int(act[v]) * x[v])
-        p = _down_array(cg.p_size * f)
-        top = int(p.sum() + act.max(initial=0))
-        excess = m.NewIntVar(0, max(top, 0), f"{name}_excess")
+        p = np.minimum(_down_array(cg.p_size * f), COEFFICIENT_CAP)
+        excess = m.NewIntVar(0, most, f"{name}_excess")
         m.Add(
             excess
             >= sum(int(p[q]) * use[q] for q in range(len(use)) if p[q])
@@ -701,7 +707,7 @@ def _integer_prices(pi: np.ndarray) -> np.ndarray:
 def set_cost(cg: Graph, cluster: Cluster, nodes: np.ndarray) -> float:
     """f of a node set by the evaluator (the set as block 0 of a two-block plan)."""
     a = np.ones(cg.n, dtype=np.int64)
-    a[nodes] = 0
+    a[np.asarray(nodes, dtype=np.int64)] = 0
     return float(evaluate(cg, cluster, a, 2).f[0])
 
 
@@ -723,10 +729,10 @@ def block_cover_bound(
     if cg.n > MAX_NODES or cg.n <= k or not cluster.homogeneous:
         return BlockCoverBound(lo, 0, 0, 0)
     sc = set_costs(cg, cluster)
-    if not math.isfinite(hi):
-        hi = float(cg.work.sum()) + _overflow_max(cg, cluster)
+    pricing = PricingModel(cg, cluster)
+    hi = min(hi, pricing.largest)  # at or above it every convex set is valid: nothing proves
     ivs = intervals(cg, sc, hi, deadline)
-    search = CoverSearch(cg, cluster, k, ivs, PricingModel(cg, cluster), incidence(cg, sc))
+    search = CoverSearch(cg, cluster, k, ivs, pricing, incidence(cg, sc))
     best, probes, proven = lo, 0, 0
     step, top = FIRST_STEP, hi
     while top - best > PROBE_REL_WIDTH * top and time.perf_counter() < deadline:
