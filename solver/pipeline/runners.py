@@ -48,11 +48,13 @@ WARM_START_SHARE = 0.25  # share of the time limit cpsat may spend on its warm s
 # CP-SAT's tie-break runs as before
 MET_DP_MIN_SECONDS = 0.5
 # local search (solver.pipeline.heuristics.refine) on cpsat's warm start before the search, at
-# most this share of the time limit, when the warm start is more than REFINE_HINT_GAP above the
-# certified bound (within it CP-SAT usually proves in a second or two: the dnn-partitioning
-# graphs)
+# most this share of the time limit, on graphs of at least REFINE_MIN_NODES coarse nodes whose
+# warm start is more than REFINE_HINT_GAP above the certified bound (on smaller graphs, and
+# within 1%, CP-SAT usually proves in seconds: the dnn-partitioning graphs, up to 326 coarse
+# nodes, pay nothing)
 REFINE_HINT_SHARE = 0.1
 REFINE_HINT_GAP = 0.01
+REFINE_MIN_NODES = 500
 
 
 def _members(labels: np.ndarray, L: int) -> np.ndarray:
@@ -354,11 +356,7 @@ def _search_cpsat(
         val, ca, _ = brkga(cg, cluster, bo, seeds=[cg.topo_order, depth_first_order(cg)])
         if ca is not None and val < best:
             best, hint = val, ca[labels]
-    if (
-        hint is not None
-        and cluster.homogeneous
-        and not meets_bound(best, _relaxed(opts.certified_bound))
-    ):
+    if hint is not None and cg.n >= REFINE_MIN_NODES and _gap_open(best, opts, cluster):
         prog.note("local search on the warm start")
         warm = refined_incumbent(g, cluster, Incumbent(best, hint, 0.0), opts)
         best, hint = warm.objective, warm.assignment
@@ -385,9 +383,12 @@ def _search_cpsat(
     return plan
 
 
-def _relaxed(bound: float | None) -> float | None:
-    """The certified bound raised by REFINE_HINT_GAP: a warm start within it is left to CP-SAT."""
-    return None if bound is None else bound * (1 + REFINE_HINT_GAP)
+def _gap_open(best: float, opts: SolveOptions, cluster: Cluster) -> bool:
+    """True when the warm start is more than REFINE_HINT_GAP above the certified bound (or
+    there is none) on a homogeneous cluster: the local search is worth its time."""
+    bound = opts.certified_bound
+    within = bound is not None and meets_target(best, bound * (1 + REFINE_HINT_GAP))
+    return cluster.homogeneous and not within
 
 
 def refined_incumbent(g: Graph, cluster: Cluster, inc: Incumbent, opts: SolveOptions) -> Incumbent:

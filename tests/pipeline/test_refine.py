@@ -13,6 +13,8 @@ from solver.core.cost import evaluate, validate
 from solver.core.graph import Graph, coarse_view
 from solver.pipeline.exact.brute import brute_force
 from solver.pipeline.heuristics.refine import BlockCosts, refine_plan
+from solver.pipeline.options import Incumbent, SolveOptions
+from solver.pipeline.runners import refined_incumbent
 from tests.conftest import problems, scaled_examples
 
 
@@ -133,3 +135,18 @@ def test_invalid_input_and_a_past_deadline_return_the_input():
         res = refine_plan(g, c, backwards, deadline=time.perf_counter() + 10)
         assert res.stopped == "invalid input"
         assert np.array_equal(res.assignment, backwards)
+
+
+def test_cpsat_warm_start_refined_never_worse_and_timed():
+    """runners.refined_incumbent: the warm start improved (from the one-block plan of a random
+    graph) or returned as it is, with the seconds it took."""
+    g, c = _random_problem(5)
+    start = _one_block_plan(g)
+    inc = Incumbent(evaluate(g, c, start).objective, start, 0.0)
+    out = refined_incumbent(g, c, inc, SolveOptions(time_limit=10))
+    assert out.objective < inc.objective
+    assert out.objective == evaluate(g, c, out.assignment).objective
+    assert not validate(g, c, out.assignment)
+    assert out.seconds > 0
+    again = refined_incumbent(g, c, out, SolveOptions(time_limit=10))
+    assert again.objective <= out.objective

@@ -79,10 +79,8 @@ class BlockCosts:
         for p, u in zip(g.pair_param.tolist(), g.p_users.tolist(), strict=True):
             if p not in self.uses[u]:
                 self.uses[u].append(p)
-        sp, si = g.succ
-        pp, pi = g.pred
-        self.succ = [si[sp[v] : sp[v + 1]].tolist() for v in range(g.n)]
-        self.pred = [pi[pp[v] : pp[v + 1]].tolist() for v in range(g.n)]
+        self.succ = _lists(g.succ, g.n)
+        self.pred = _lists(g.pred, g.n)
         self.ranks = [g.topo_rank, _rank_of(depth_first_order(g))]
         self.topo_rank = g.topo_rank.tolist()
         self.rebuild()
@@ -203,6 +201,12 @@ class BlockCosts:
         sent_after = any(b != z for b in blocks)
         if sent_after != sent_before:
             self.bytes_io[z] += size if sent_after else -size
+
+
+def _lists(csr: tuple[np.ndarray, np.ndarray], n: int) -> list[list[int]]:
+    """A CSR adjacency (pointers, indices) as one Python list per node."""
+    ptr, idx = csr[0].tolist(), csr[1].tolist()
+    return [idx[ptr[v] : ptr[v + 1]] for v in range(n)]
 
 
 def _rank_of(order: np.ndarray) -> np.ndarray:
