@@ -74,7 +74,7 @@ def test_pricing_bound_covers_every_valid_set(problem, seed):
         assert res.upper is not None and res.upper >= best
 
 
-@settings(max_examples=scaled_examples(40), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=scaled_examples(25), suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_nodes=7, max_k=3))
 def test_block_cover_at_most_brute_force(problem):
     g, cluster = problem
