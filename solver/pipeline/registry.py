@@ -24,7 +24,7 @@ from solver.core.errors import MtppError
 from solver.core.graph import Graph, coarse_view
 from solver.core.result import meets_target
 from solver.pipeline.bounds import certified_lower_bound, topology
-from solver.pipeline.bounds.combine import PAUSE_BEFORE_PAIR_BLOCK, BoundReport, BoundSearch
+from solver.pipeline.bounds.combine import TWO_CHAIN_PAUSE, BoundReport, BoundSearch
 from solver.pipeline.bounds.spine import SPINE_REL_TOL, removed_scopes
 from solver.pipeline.bounds.spine_plan import spine_plan
 from solver.pipeline.bounds.two_chain import (
@@ -195,15 +195,15 @@ def _bounds_and_plans(
 ) -> tuple[BoundReport, Incumbent | None]:
     """The certified bounds and the plans cpsat gets before its search, each run only while
     the gap to the incumbent is open: the bounds, the spine plan, the two chains. On a
-    two-chain graph (an encoder-decoder) the bounds pause before the pair block and the
-    two-chain relaxation goes first: it often proves the incumbent, which the pair block only
-    approaches (docs/bounds.md, "two chain"); the split is computed only when the bounds
-    before the pair block leave the gap open."""
+    two-chain graph (an encoder-decoder) the bounds pause before the spine relaxations and
+    the pair block, and the two-chain relaxation goes first: it often proves the incumbent,
+    which they only approach (docs/bounds.md, "two chain"); the split is computed only when
+    the bounds before the pause leave the gap open."""
     target = None if inc is None else inc.objective
     if not cluster.homogeneous:  # the topology bound; no spine plan nor two chains here
         return certified_bound(g, cluster, budget, target), inc
     search = BoundSearch(g, cluster, budget, target=target)
-    rep = search.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+    rep = search.run(until=TWO_CHAIN_PAUSE)
     split = two_chain_case(g, cluster, k) if _gap_open(inc, rep) else None
     if split is None:  # the order of every other graph: all the bounds first
         rep = search.run()

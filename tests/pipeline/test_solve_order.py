@@ -17,7 +17,7 @@ from solver.core.graph import Graph, coarse_view
 from solver.pipeline import registry
 from solver.pipeline.bounds import combine
 from solver.pipeline.bounds.combine import (
-    PAUSE_BEFORE_PAIR_BLOCK,
+    TWO_CHAIN_PAUSE,
     BoundReport,
     BoundSearch,
     certified_lower_bound,
@@ -29,10 +29,11 @@ from tests.pipeline.test_bounds_two_chain import _credited_encoder_decoder
 
 
 def _recorded(monkeypatch, calls: list[str]) -> None:
-    """Record the pair block (every call: quick or full), the spine plan and the two-chain
-    bound and plan, in the order they run (each still runs)."""
+    """Record the pair block (every call: quick or full), the spine relaxations' bound, the
+    spine plan and the two-chain bound and plan, in the order they run (each still runs)."""
     for module, name, label in (
         (combine, "_pair_block", "pair block"),
+        (combine, "_spine", "spine bound"),
         (registry, "spine_plan", "spine plan"),
         (registry, "two_chain_bound", "two chain bound"),
         (registry, "two_chain_plan", "two chain plan"),
@@ -56,8 +57,8 @@ def test_two_chains_go_before_the_full_pair_block(monkeypatch):
     rep, inc = registry._bounds_and_plans(g, c, 3, one_block, 5.0, 30.0)
     assert inc.objective == pytest.approx(12.0) and rep.value == pytest.approx(12.0, rel=1e-6)
     assert brute_force(g, c).objective == pytest.approx(12.0)
-    # the quick pair block, then the two chains' bound and plan; the full pair block never
-    # runs: the gap closed
+    # the quick pair block, then the two chains' bound and plan; the spine relaxations and the
+    # full pair block never run: the gap closed
     assert calls == ["pair block", "two chain bound", "two chain plan"]
     assert rep.skipped["pair block"] == f"proved nothing above {rep.value:.10g}"
     assert rep.skipped["weights"].startswith("not needed")
@@ -75,6 +76,7 @@ def test_other_graphs_keep_every_bound_before_the_spine_plan(monkeypatch):
     one_block = Incumbent(1e9, np.zeros(g.n, dtype=np.int64), 0.1)
     rep, _ = registry._bounds_and_plans(g, c, 3, one_block, 1.0, 10.0)
     assert "two chain bound" not in calls and "two chain plan" not in calls
+    assert calls[0] == "spine bound"  # the stages in their old order, the spine plan last
     if "pair block" in calls and "spine plan" in calls:
         assert calls.index("pair block") < calls.index("spine plan")
     assert rep.value <= brute_force(g, c).objective * (1 + 1e-9)
@@ -85,7 +87,7 @@ def test_a_paused_search_reports_the_bounds_of_one_run_without_the_pause():
     whole = certified_lower_bound(g, c, 5.0, ideals=False, target=18.0)
     search = BoundSearch(g, c, 5.0, ideals=False, target=18.0)
     t0 = time.perf_counter()
-    paused = search.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+    paused = search.run(until=TWO_CHAIN_PAUSE)
     assert "pair block" not in paused.bounds and "pair block" not in paused.skipped
     time.sleep(0.3)
     rep = search.resume(paused, 18.0)
@@ -96,7 +98,7 @@ def test_a_paused_search_reports_the_bounds_of_one_run_without_the_pause():
 def test_a_resume_after_a_met_bound_lists_the_rest_as_not_needed():
     g, c = _credited_encoder_decoder()
     search = BoundSearch(g, c, 5.0, ideals=False, target=18.0)
-    paused = search.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+    paused = search.run(until=TWO_CHAIN_PAUSE)
     met = BoundReport(12.0, "two chain", {**paused.bounds, "two chain": 12.0}, paused.seconds + 1.0)
     rep = search.resume(met, 12.0)
     assert rep.value == 12.0 and rep.bounds["two chain"] == 12.0

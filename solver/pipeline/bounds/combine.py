@@ -164,7 +164,9 @@ ORDER = (  # the bounds a met incumbent skips, in the order they run
 )
 
 
-PAUSE_BEFORE_PAIR_BLOCK = "pair block"  # where cpsat pauses the bounds on two-chain graphs
+# where cpsat pauses the bounds to test for two chains: the spine relaxations and the pair block
+# are what the two-chain bound supersedes on an encoder-decoder
+TWO_CHAIN_PAUSE = "spine chain io"
 
 
 def certified_lower_bound(
@@ -192,8 +194,8 @@ class BoundSearch:
     """The stages of :func:`certified_lower_bound`, which may pause before a named stage
     (:meth:`run` with ``until``) and go on later (:meth:`resume`) with a better target and
     the bounds found meanwhile (cpsat runs the two-chain relaxation of an encoder-decoder
-    before the pair block: it often closes the gap the pair block only narrows). The paused
-    seconds do not count against the bounds' time limit."""
+    before the spine relaxations and the pair block: it often closes the gap they only
+    narrow). The paused seconds do not count against the bounds' time limit."""
 
     def __init__(
         self,
@@ -244,8 +246,8 @@ class BoundSearch:
             ("decision io", lambda: _decision_io(run, g, it, cluster, k)),
             ("boundary io", lambda: _boundary_io(run, g, cluster, k)),
             ("io density", lambda: _io_density(run, g, it, cluster, k)),
-            ("spine chain io", lambda: _spine(run, g, cluster, k)),
-            (PAUSE_BEFORE_PAIR_BLOCK, lambda: _pair_block(run, g, cluster, k)),
+            (TWO_CHAIN_PAUSE, lambda: _spine(run, g, cluster, k)),
+            ("pair block", lambda: _pair_block(run, g, cluster, k)),
             ("weights", lambda: _packings(run, it, cluster, k)),
             ("ideals", lambda: ideals and not first and _ideals(run, g, cluster, k, run.left())),
         ]
@@ -270,18 +272,18 @@ class BoundSearch:
         return self.paused
 
     def quick_pair_block(self, seconds: float, target: float | None) -> BoundReport:
-        """The pair block within ``seconds`` and up to ``target`` (the incumbent now), at a
-        pause before it (it stays in the stages: :meth:`resume` runs it again with its full
-        time while the gap is open; the pause goes on after it). Where it proves the
-        incumbent it does so in a fraction of a second (BART-base at k = 16: 0.14 s at load
-        7); where it cannot (the encoder-decoders at k = 8) the two chains go first."""
+        """The pair block within ``seconds`` and up to ``target`` (the incumbent now), at the
+        pause (it stays in the stages: :meth:`resume` runs it again with its full time while
+        the gap is open; the pause goes on after it). Where it proves the incumbent it does so
+        in a fraction of a second (BART-base at k = 16: 0.14 s at load 7); where it cannot (the
+        encoder-decoders at k = 8) the two chains go first."""
         if self.infeasible is not None or self.paused is None:
-            return self.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+            return self.run(until=TWO_CHAIN_PAUSE)
         self._unpause()
         self.state.target = target
         if not self.done and not self.state.met():
             _pair_block(self.state, self.g, self.cluster, self.k, seconds)
-        return self.run(until=PAUSE_BEFORE_PAIR_BLOCK)
+        return self.run(until=TWO_CHAIN_PAUSE)
 
     def resume(self, rep: BoundReport, target: float | None) -> BoundReport:
         """The rest of the stages after a pause, with ``rep`` (the paused report with the
