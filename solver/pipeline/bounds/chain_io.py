@@ -521,6 +521,8 @@ def chain_io_bound(
     rel_tol: float = 1e-6,
     target: float | None = None,
     floor: float = 0.0,
+    windows: bool = True,
+    plain_proven: bool = False,
 ) -> float:
     """Largest T proven by the chain with io. ``memory``: bins hold
     ``B_mem * (work + io) + charged + peak <= B_mem * T + M``; otherwise ``work + io <= T``
@@ -532,7 +534,9 @@ def chain_io_bound(
     added and the search goes on from it (each of the two with ``time_limit``), unless they
     cannot lift it above ``floor``, a bound proven by another relaxation (they raise it by
     at most twice the largest window's extra cut: docs/bounds.md, "volume windows"), or
-    cannot meet the target and do not lift it by WINDOW_GAIN (one probe)."""
+    cannot meet the target and do not lift it by WINDOW_GAIN (one probe). ``windows``
+    False: the plain program alone. ``plain_proven``: ``lo`` is what the plain program
+    itself proved (an earlier call with ``windows`` False), so only the windows' search runs."""
     M, Bm, B = cluster.fast_memory, cluster.slow_memory_bandwidth, cluster.link_bandwidth
     if memory and math.isinf(M):
         return lo
@@ -554,8 +558,10 @@ def chain_io_bound(
         return bins_needed_io(ch, scale * t + base, k, scale) > k
 
     search = _ChainSearch(infeasible, t_top, k, target, rel_tol, time_limit)
-    value = search.largest(lo)
-    if search.meets(value) or not ch.add_windows(time.perf_counter() + time_limit):
+    value = lo if plain_proven else search.largest(lo)
+    if not windows or search.meets(value):
+        return value
+    if not ch.add_windows(time.perf_counter() + time_limit):
         return value
     lift = 2.0 * ch.window_lift()  # the most the windows can add (docs/bounds.md)
     if value + lift <= floor:

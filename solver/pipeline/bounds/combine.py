@@ -243,6 +243,7 @@ class BoundSearch:
             ("ideals", lambda: first and _ideals(run, g, cluster, k, first_share, small=True)),
             ("chain io", lambda: not early_io and _io_chains(run, g, it, cluster, k)),
             ("node block", lambda: not early_io and _node_block(run, g, cluster)),
+            ("volume windows", lambda: _volume_windows(run, g, it, cluster, k)),
             ("decision io", lambda: _decision_io(run, g, it, cluster, k)),
             ("boundary io", lambda: _boundary_io(run, g, cluster, k)),
             ("io density", lambda: _io_density(run, g, it, cluster, k)),
@@ -342,15 +343,40 @@ def _io_chains(
         return max(left, IO_CHAIN_MIN_SECONDS)
 
     run.vals["chain io"] = (
-        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target, floor=run.best)
+        chain_io_bound(g, it, cluster, k, chain, seconds(), target=target, windows=False)
         if chain > 0
         else 0.0
     )
     if run.met():
         return
     run.vals["work io chain"] = chain_io_bound(
-        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target, floor=run.best
+        g, it, cluster, k, run.vals["work chain"], seconds(), False, target=target, windows=False
     )
+
+
+def _volume_windows(run: _BoundRun, g: Graph, it, cluster: Cluster, k: int) -> None:
+    """The io chains again with their gaps' volume windows (docs/bounds.md, "volume
+    windows"), from the values the plain programs proved. A stage of its own, after the node
+    block and the DP over ideals: those close most of the graphs that prove (the
+    dnn-partitioning set), where the windows would cost a second search for nothing."""
+    for name, memory in (("chain io", True), ("work io chain", False)):
+        lo = run.vals.get(name, 0.0)
+        if run.met() or lo <= 0:
+            continue
+        seconds = max(run.left() / 2, IO_CHAIN_MIN_SECONDS)
+        value = chain_io_bound(
+            g,
+            it,
+            cluster,
+            k,
+            lo,
+            seconds,
+            memory,
+            target=run.target,
+            floor=run.best,
+            plain_proven=True,
+        )
+        run.vals[name] = max(lo, value)
 
 
 def _node_block(run: _BoundRun, g: Graph, cluster: Cluster) -> None:
