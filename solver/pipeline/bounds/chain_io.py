@@ -94,8 +94,10 @@ class Chain:
     def window_lift(self) -> float:
         """The most a window charges above the interior cut (link seconds)."""
         extra = np.zeros_like(self.win_cut)
-        windowed = np.isfinite(self.win_at)
-        extra[windowed] = (self.win_cut - self.cut_in)[windowed]
+        # a gap no boundary can cross has an infinite cut in every class: no window there
+        windowed = np.isfinite(self.win_at) & np.isfinite(self.win_cut)
+        base = np.broadcast_to(self.cut_in, self.win_cut.shape)
+        extra[windowed] = self.win_cut[windowed] - base[windowed]
         return float(extra.max())
 
     def add_windows(self, deadline: float) -> bool:
